@@ -1,0 +1,45 @@
+"""specdec_t5x: speculative decoding (Leviathan et al., 2022) for T5X-style encoder-decoder models."""
+
+import setuptools
+
+# Pinned to a set that resolves together on Python 3.11 with plain pip (checked 2026-11-30).
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "tensorstore==0.1.86",
+    "msgpack==1.2.4",
+    "safetensors==0.8.0",
+    "gin-config==0.5.0",
+    "seqio==0.0.20",
+    "tensorflow==2.21.0",
+    "tensorflow-text==2.21.1",
+    "tensorflow-datasets==4.9.10",
+    "sentencepiece==0.2.3",
+    "sacrebleu==2.6.0",
+    "rouge-score==0.1.2",
+    "numpy==2.4.6",
+    "absl-py==2.5.1",
+    "tqdm==4.70.1",
+    "matplotlib==3.11.2",
+]
+
+EXTRAS_REQUIRE = {
+    "test": ["pytest==9.2.0", "scipy==1.17.1", "ruff==0.17.6"],
+    # Hugging Face interop and the side-by-side benchmark (CPU torch from the local wheel).
+    "hf": ["torch==2.13.0", "transformers"],
+}
+
+setuptools.setup(
+    name="specdec_t5x",
+    version="0.1.0",
+    description="Exact speculative decoding for T5X-compatible encoder-decoder models in JAX/Flax.",
+    packages=setuptools.find_packages(include=["specdec_t5x", "specdec_t5x.*"]),
+    package_data={"specdec_t5x": ["assets/*", "assets/**/*"]},
+    include_package_data=True,
+    python_requires=">=3.11,<3.12",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+)

@@ -1,0 +1,242 @@
+"""Drafts (M_q) behind one block-step contract, so any draft pairs with any target.
+
+Every draft exposes `params` (a pytree, passed to jitted code as an argument) and
+`prepare(params, encoder_input_tokens, max_decode_len) -> (cache, step)` where `step` follows the
+block-step contract of `models` / `speculative`::
+
+  step(tokens int32 [batch, k], positions int32 [batch], cache)
+      -> (logits float32 [batch, k, vocab], cache)
+
+Drafts here:
+
+* `T5Draft`: a (smaller) T5 network with its own encoder pass and cache.
+* `UnigramDraft` / `BigramDraft`: n-gram language models over the task's training targets
+  (the paper's Table 3 baselines), fitted by `fit_ngram_drafts`.
+* `SourceCopyDraft`: proposes the token that follows the longest match of the recent output n-gram
+  inside the encoder input (prompt lookup over the *source*); its q is one-hot.
+
+Exactness never depends on the draft: speculative sampling only needs the q it sampled from.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x import models, network, sampling
+
+Array = jax.Array
+
+
+class Draft(Protocol):
+    """What `SpeculativeEncoderDecoderModel` needs from a draft."""
+
+    params: Any
+
+    def prepare(self, params, encoder_input_tokens: Array, max_decode_len: int):
+        """Returns `(cache, step)` for this batch (see the module docstring)."""
+
+
+class T5Draft:
+    """A T5 network as the draft (the paper's T5-small/base/large drafts).
+
+    Args:
+      module: the draft `network.Transformer` (its vocab_size must equal the target's).
+      params: its parameters.
+    """
+
+    def __init__(self, module: network.Transformer, params: Any):
+        self.module = module
+        self.params = params
+
+    def prepare(self, params, encoder_input_tokens, max_decode_len):
+        encoded = models.encode(self.module, params, encoder_input_tokens)
+        cache = models.init_cache(
+            self.module, params, encoded, encoder_input_tokens, max_decode_len
+        )
+        return cache, models.make_block_step(self.module, params, encoder_input_tokens)
+
+
+def _no_cache(batch: int) -> dict[str, Array]:
+    # An empty-but-batched leaf keeps T5X-style cache expansion and while-loop carries happy.
+    return {"unused": jnp.zeros((batch,), jnp.int32)}
+
+
+class UnigramDraft:
+    """Context-free draft: q(x) = unigram frequency of x in the training targets.
+
+    Args:
+      log_probs: float32 [vocab] log-probabilities (from `fit_ngram_drafts`).
+    """
+
+    def __init__(self, log_probs):
+        self.params = {"log_probs": jnp.asarray(log_probs, jnp.float32)}
+
+    def prepare(self, params, encoder_input_tokens, max_decode_len):
+        del max_decode_len
+
+        def step(tokens, positions, cache):
+            del positions
+            shape = tokens.shape + params["log_probs"].shape  # [b, k, V]
+            return jnp.broadcast_to(params["log_probs"], shape), cache
+
+        return _no_cache(encoder_input_tokens.shape[0]), step
+
+
+class BigramDraft:
+    """q(x | previous token): interpolated bigram over the training targets, stored sparsely.
+
+    For each previous token the `top` most frequent successors keep their bigram probability
+    (scaled by λ(prev) = n(prev) / (n(prev) + smoothing)); all remaining mass follows the unigram.
+    That is a proper distribution over the whole vocabulary without a [vocab, vocab] table.
+
+    Args:
+      successor_ids: int32 [vocab, top] most frequent successors per previous token.
+      successor_log_probs: float32 [vocab, top] log q of those successors.
+      backoff_log_probs: float32 [2, vocab]: row 0 the unigram log-probs, row 1 the log backoff
+        weight of each previous token (1 - λ plus the mass of successors beyond `top`).
+    """
+
+    def __init__(self, successor_ids, successor_log_probs, backoff_log_probs):
+        self.params = {
+            "successor_ids": jnp.asarray(successor_ids, jnp.int32),
+            "successor_log_probs": jnp.asarray(successor_log_probs, jnp.float32),
+            "backoff_log_probs": jnp.asarray(backoff_log_probs, jnp.float32),
+        }
+
+    def prepare(self, params, encoder_input_tokens, max_decode_len):
+        del max_decode_len
+        unigram, log_backoff = params["backoff_log_probs"]  # [V], [V]
+
+        def step(tokens, positions, cache):
+            del positions
+            base = log_backoff[tokens][..., None] + unigram  # [b, k, V]
+            ids = params["successor_ids"][tokens]  # [b, k, top]
+            succ = params["successor_log_probs"][tokens]  # [b, k, top]
+            current = jnp.take_along_axis(base, ids, axis=-1)
+            combined = jnp.logaddexp(current, succ)  # bigram mass on top of the backoff share
+            b, k = tokens.shape
+            bi = jnp.arange(b)[:, None, None]
+            ki = jnp.arange(k)[None, :, None]
+            return base.at[bi, ki, ids].set(combined), cache
+
+        return _no_cache(encoder_input_tokens.shape[0]), step
+
+
+def fit_ngram_drafts(
+    targets: Iterable[Iterable[int]],
+    vocab_size: int,
+    top: int = 32,
+    smoothing: float = 1.0,
+    unigram_floor: float = 1e-3,
+) -> tuple[UnigramDraft, BigramDraft]:
+    """Fits the unigram and bigram drafts on tokenised training targets (paper Table 3).
+
+    Args:
+      targets: token id sequences (each typically ending with EOS); the decoder start token 0 is
+        prepended as the first bigram context.
+      vocab_size: model vocabulary size (the target's padded size).
+      top: successors kept per previous token in the bigram.
+      smoothing: bigram interpolation constant (λ(prev) = n(prev) / (n(prev) + smoothing)).
+      unigram_floor: pseudo-count added to every token in the unigram (full support).
+
+    Returns:
+      (UnigramDraft, BigramDraft).
+
+    Raises:
+      ValueError: a token id outside [0, vocab_size), or no targets.
+    """
+    unigram = np.full(vocab_size, unigram_floor, np.float64)
+    bigram: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    count = 0
+    for seq in targets:
+        seq = [int(t) for t in seq]
+        if seq and (min(seq) < 0 or max(seq) >= vocab_size):
+            raise ValueError(f"token id outside [0, {vocab_size}) in target {seq[:20]}...")
+        count += 1
+        for prev, nxt in zip([0] + seq[:-1], seq, strict=True):
+            unigram[nxt] += 1
+            bigram[prev][nxt] += 1
+    if not count:
+        raise ValueError("fit_ngram_drafts needs at least one target sequence; got none.")
+    unigram /= unigram.sum()
+    ids = np.zeros((vocab_size, top), np.int32)
+    succ = np.full((vocab_size, top), -np.inf, np.float64)
+    log_backoff = np.zeros(vocab_size, np.float64)
+    for prev, counter in bigram.items():
+        total = sum(counter.values())
+        lam = total / (total + smoothing)
+        log_backoff[prev] = np.log1p(-lam)
+        for i, (tok, c) in enumerate(counter.most_common(top)):
+            ids[prev, i] = tok
+            succ[prev, i] = np.log(lam * c / total)
+        # Mass of successors beyond `top` goes to the backoff share too.
+        kept = sum(c for _, c in counter.most_common(top))
+        log_backoff[prev] = np.log((1 - lam) + lam * (total - kept) / total)
+    # Unused successor slots point at token 0 with no extra mass.
+    backoff = np.stack([np.log(unigram), log_backoff]).astype(np.float32)
+    succ = np.maximum(succ, -1e30).astype(np.float32)
+    return UnigramDraft(np.log(unigram)), BigramDraft(ids, succ, backoff)
+
+
+class SourceCopyDraft:
+    """Prompt lookup over the encoder input: copy what followed the recent output n-gram.
+
+    At each position the draft takes the last `max_ngram` decoder tokens, finds the source
+    position whose preceding tokens match the longest suffix of them (ties: earliest), and
+    proposes the source token after the match with q one-hot. With no match it proposes
+    uniformly (q uniform), which the acceptance test handles like any other draft.
+
+    Args:
+      vocab_size: the target's (padded) vocabulary size.
+      max_ngram: longest suffix matched (>= 1).
+    """
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3):
+        if max_ngram < 1:
+            raise ValueError(f"max_ngram must be >= 1; got {max_ngram}.")
+        self.vocab_size = vocab_size
+        self.max_ngram = max_ngram
+        self.params = {}
+
+    def prepare(self, params, encoder_input_tokens, max_decode_len):
+        del params
+        src = encoder_input_tokens  # [b, S]
+        batch, src_len = src.shape
+        cache = {"tokens": jnp.zeros((batch, max_decode_len), jnp.int32)}
+        vocab, max_ngram = self.vocab_size, self.max_ngram
+
+        def step(tokens, positions, cache):
+            k = tokens.shape[1]
+            pos = positions[:, None] + jnp.arange(k)  # [b, k]
+            rows = jnp.arange(batch)[:, None]
+            history = cache["tokens"].at[rows, pos].set(tokens, mode="drop")
+            # Suffix of the decoder inputs ending at each block position: [b, k, m].
+            back = pos[:, :, None] - jnp.arange(max_ngram)
+            ctx = jnp.where(
+                back >= 1, history[rows[:, :, None], jnp.clip(back, 0, max_decode_len - 1)], -1
+            )  # position 0 is the start token: never matched
+            # match[b, k, i] = length of the common suffix of ctx and src[..i].
+            match = jnp.zeros((batch, k, src_len), jnp.int32)
+            alive = jnp.ones((batch, k, src_len), bool)
+            for m in range(max_ngram):
+                shifted = jnp.pad(src, ((0, 0), (m, 0)), constant_values=-2)[:, :src_len]
+                alive &= (shifted[:, None, :] == ctx[:, :, m : m + 1]) & (shifted[:, None, :] > 0)
+                match += alive
+            nxt = jnp.pad(src, ((0, 0), (0, 1)))[:, 1:]  # src[i + 1]
+            match = jnp.where((nxt > 0)[:, None, :], match, 0)
+            best = jnp.argmax(match, axis=-1)  # earliest longest match
+            found = jnp.max(match, axis=-1) > 0
+            proposal = nxt[rows, best]  # [b, k]
+            one_hot = jnp.where(
+                jnp.arange(vocab) == proposal[..., None], 0.0, sampling.NEG_INF
+            )  # [b, k, V]
+            logits = jnp.where(found[..., None], one_hot, 0.0)
+            return logits, {"tokens": history}
+
+        return cache, step

@@ -1,0 +1,349 @@
+"""Model glue, shaped like T5X's `EncoderDecoderModel` (`t5x/models.py`).
+
+Glue only: encode once, build the cache, build a step closure, call an injectable decode function.
+
+* `EncoderDecoderModel`: one T5 network; `predict_batch_with_aux` calls `decode_fn` (gin-injectable,
+  default `decoding.temperature_sample`) with T5X's keyword contract; `score_batch` and `loss_fn`
+  are teacher-forced.
+* `SpeculativeEncoderDecoderModel`: holds a target network and a draft (`drafts.Draft`); its
+  `predict_batch_with_aux` calls `speculative.speculative_sample` and returns its statistics in the
+  aux dict, so a T5X-shaped eval loop runs it unchanged (T5X's "Option 2", like `contrib/calm`).
+
+Both closures handed to samplers follow the *block-step contract*::
+
+  step(tokens int32 [batch, k], positions int32 [batch], cache)
+      -> (logits float32 [batch, k, vocab], cache)
+
+where `tokens[:, j]` is the decoder input at absolute position `positions + j` (position 0 holds the
+decoder start token 0) and `logits[:, j]` is the distribution of the output token at that position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from specdec_t5x import decoding, network
+
+Array = jax.Array
+BlockStep = Callable[[Array, Array, Any], tuple[Array, Any]]
+
+
+def _require(batch: Mapping[str, Array], *keys: str) -> None:
+    missing = [k for k in keys if k not in batch]
+    if missing:
+        raise ValueError(f"batch is missing feature(s) {missing}; it has {sorted(batch)}.")
+
+
+def encode(module: network.Transformer, params, encoder_input_tokens: Array) -> Array:
+    """Encoder output dtype [batch, enc_len, emb] (dropout off)."""
+    return module.apply(
+        {"params": params}, encoder_input_tokens, enable_dropout=False, method=module.encode
+    )
+
+
+def init_cache(module, params, encoded: Array, encoder_input_tokens: Array, max_decode_len: int):
+    """Creates the decode cache as T5X does: one `decode=True` apply on full-length inputs.
+
+    Args:
+      module: the `network.Transformer`.
+      params: its parameters.
+      encoded: dtype [batch, enc_len, emb] encoder output (its cross-attention K/V get cached).
+      encoder_input_tokens: int32 [batch, enc_len].
+      max_decode_len: decoder length L; the self-attention cache holds positions 0..L-1.
+
+    Returns:
+      The `'cache'` collection (see `network` for the layout).
+    """
+    dummy = jnp.ones((encoder_input_tokens.shape[0], max_decode_len), jnp.int32)
+    _, variables = module.apply(
+        {"params": params},
+        encoded,
+        encoder_input_tokens,
+        dummy,
+        dummy,
+        enable_dropout=False,
+        decode=True,
+        mutable=["cache"],
+        method=module.decode,
+    )
+    return variables["cache"]
+
+
+def make_block_step(module, params, encoder_input_tokens: Array) -> BlockStep:
+    """The block-step closure over a cached decoder (see the module docstring for the contract).
+
+    Args:
+      module: the `network.Transformer`.
+      params: its parameters.
+      encoder_input_tokens: int32 [batch, enc_len] (cross-attention padding mask); the batch must
+        match the cache's.
+    """
+
+    def step(tokens: Array, positions: Array, cache) -> tuple[Array, Any]:
+        k = tokens.shape[1]
+        token_positions = positions[:, None] + jnp.arange(k, dtype=jnp.int32)  # [b, k]
+        logits, variables = module.apply(
+            {"params": params, "cache": cache},
+            None,  # encoded: cross K/V are read from the cache
+            encoder_input_tokens,
+            tokens,
+            decoder_positions=token_positions,
+            enable_dropout=False,
+            decode=True,
+            mutable=["cache"],
+            method=module.decode,
+        )
+        return logits, variables["cache"]
+
+    return step
+
+
+def one_token_logits_fn(block_step: BlockStep) -> decoding.TokensToLogits:
+    """Adapts a block step to T5X's `tokens_to_logits(DecodingState) -> ([B, vocab], cache)`."""
+
+    def tokens_to_logits(state: decoding.DecodingState):
+        logits, cache = block_step(state.cur_token, state.cur_index, state.cache)
+        return logits[:, 0], cache  # [B, 1, V] -> [B, V]
+
+    return tokens_to_logits
+
+
+def decoder_prompt_inputs(batch: Mapping[str, Array], eos_id: int, prompt_with_targets: bool):
+    """T5X's decoder buffer: zeros, or the shifted targets with EOS zeroed as a forced prompt."""
+    dec = batch["decoder_input_tokens"]
+    if prompt_with_targets:
+        return dec * (dec != eos_id)
+    return jnp.zeros_like(dec)
+
+
+class EncoderDecoderModel:
+    """T5X-shaped encoder-decoder model (mirrors `t5x.models.EncoderDecoderModel`).
+
+    Args:
+      module: a `network.Transformer`.
+      input_vocabulary / output_vocabulary: seqio vocabularies (or None; eos then defaults to 1).
+      optimizer_def: optax optimizer used by `train` (may be None for inference).
+      decode_fn: decode function called with T5X's keywords (`inputs, cache, tokens_to_logits,
+        eos_id, num_decodes, decode_rng, cache_offset, **decoder_params`). Default
+        `decoding.temperature_sample` (T5X defaults to beam search, which speculative decoding does
+        not apply to).
+      label_smoothing, z_loss, loss_normalizing_factor: training loss settings as in T5X.
+      default_decoder_params: dict merged under per-call `decoder_params`.
+    """
+
+    def __init__(
+        self,
+        module: network.Transformer,
+        input_vocabulary=None,
+        output_vocabulary=None,
+        optimizer_def: optax.GradientTransformation | None = None,
+        decode_fn: Callable[..., Any] = decoding.temperature_sample,
+        label_smoothing: float = 0.0,
+        z_loss: float = 0.0,
+        loss_normalizing_factor: float | None = None,
+        default_decoder_params: Mapping[str, Any] | None = None,
+    ):
+        self.module = module
+        self.input_vocabulary = input_vocabulary
+        self.output_vocabulary = output_vocabulary
+        self.optimizer_def = optimizer_def
+        self.decode_fn = decode_fn
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.loss_normalizing_factor = loss_normalizing_factor
+        self.default_decoder_params = dict(default_decoder_params or {})
+
+    @property
+    def eos_id(self) -> int:
+        vocab = self.output_vocabulary
+        return 1 if vocab is None else int(vocab.eos_id)
+
+    def get_initial_variables(self, rng: Array, input_shapes: Mapping[str, tuple[int, ...]]):
+        """Initial `{'params': ...}` for inputs of the given shapes (T5X signature, types int32)."""
+        enc = jnp.ones(input_shapes["encoder_input_tokens"], jnp.int32)
+        dec = jnp.ones(input_shapes["decoder_input_tokens"], jnp.int32)
+        return self.module.init(rng, enc, dec, dec, enable_dropout=False)
+
+    def _logits(self, params, batch, dropout_rng=None) -> Array:
+        _require(batch, "encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")
+        rngs = None if dropout_rng is None else {"dropout": dropout_rng}
+        return self.module.apply(
+            {"params": params},
+            batch["encoder_input_tokens"],
+            batch["decoder_input_tokens"],
+            batch["decoder_target_tokens"],
+            batch.get("encoder_segment_ids"),
+            batch.get("decoder_segment_ids"),
+            batch.get("encoder_positions"),
+            batch.get("decoder_positions"),
+            enable_dropout=dropout_rng is not None,
+            rngs=rngs,
+        )  # [b, L, V]
+
+    def loss_fn(self, params, batch: Mapping[str, Array], dropout_rng: Array | None):
+        """Teacher-forced cross-entropy (+ z-loss) as in T5X.
+
+        Args:
+          params: model parameters.
+          batch: `encoder_input_tokens`, `decoder_input_tokens`, `decoder_target_tokens` int32
+            [batch, len]; optional `decoder_loss_weights` (default: targets > 0).
+          dropout_rng: PRNG key enabling dropout, or None.
+
+        Returns:
+          (loss float32 [], metrics dict of float32 [] values: `loss`, `z_loss`, `num_tokens`,
+          `accuracy`).
+        """
+        logits = self._logits(params, batch, dropout_rng)
+        targets = batch["decoder_target_tokens"]
+        weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
+        vocab = logits.shape[-1]
+        soft = optax.smooth_labels(jax.nn.one_hot(targets, vocab), self.label_smoothing)
+        log_z = jax.nn.logsumexp(logits, axis=-1)
+        xent = log_z - jnp.sum(soft * logits, axis=-1)  # [b, L]
+        z = self.z_loss * jnp.square(log_z)
+        num_tokens = jnp.sum(weights)
+        norm = self.loss_normalizing_factor or jnp.maximum(num_tokens, 1.0)
+        loss = jnp.sum((xent + z) * weights) / norm
+        correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+        metrics = {
+            "loss": loss,
+            "z_loss": jnp.sum(z * weights) / norm,
+            "num_tokens": num_tokens,
+            "accuracy": jnp.sum(correct * weights) / jnp.maximum(num_tokens, 1.0),
+        }
+        return loss, metrics
+
+    def score_batch(self, params, batch: Mapping[str, Array]) -> Array:
+        """Teacher-forced sum of target-token log-probs: float32 [batch] (T5X `score_batch`)."""
+        logits = self._logits(params, batch)
+        targets = batch["decoder_target_tokens"]
+        weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
+        log_probs = jax.nn.log_softmax(logits, axis=-1)
+        token_scores = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+        return jnp.sum(token_scores * weights, axis=-1)
+
+    def decoder_state(self, params, encoder_input_tokens: Array, max_decode_len: int):
+        """Encodes once and returns `(cache, block_step)` for this model's decoder."""
+        encoded = encode(self.module, params, encoder_input_tokens)
+        cache = init_cache(self.module, params, encoded, encoder_input_tokens, max_decode_len)
+        return cache, make_block_step(self.module, params, encoder_input_tokens)
+
+    def predict_batch(self, params, batch, rng=None, **kwargs) -> Array:
+        """Best decodes int32 [batch, max_decode_len] (T5X `predict_batch`)."""
+        return self.predict_batch_with_aux(params, batch, rng, **kwargs)[0]
+
+    def predict_batch_with_aux(
+        self,
+        params,
+        batch: Mapping[str, Array],
+        rng: Array | None = None,
+        decoder_params: Mapping[str, Any] | None = None,
+        return_all_decodes: bool = False,
+        num_decodes: int = 1,
+        prompt_with_targets: bool = False,
+    ) -> tuple[Array, dict[str, Any]]:
+        """Decodes a batch with `decode_fn` (mirrors T5X's `predict_batch_with_aux`).
+
+        Args:
+          params: model parameters.
+          batch: `encoder_input_tokens` int32 [batch, enc_len] and `decoder_input_tokens` int32
+            [batch, max_decode_len] (its shape sets the decode length).
+          rng: PRNG key for sampling (None: `PRNGKey(0)` inside the decode fn).
+          decoder_params: extra keyword arguments for `decode_fn` (e.g. temperature, topk).
+          return_all_decodes: return [batch, num_decodes, L] instead of the best [batch, L].
+          num_decodes: samples per example.
+          prompt_with_targets: use the decoder inputs (EOS zeroed) as a forced prompt.
+
+        Returns:
+          (decodes int32 [batch, L] or [batch, num_decodes, L], {'scores': float32 [batch] or
+          [batch, num_decodes]}).
+        """
+        _require(batch, "encoder_input_tokens", "decoder_input_tokens")
+        enc = batch["encoder_input_tokens"]
+        inputs = decoder_prompt_inputs(batch, self.eos_id, prompt_with_targets)
+        cache, block_step = self.decoder_state(params, enc, inputs.shape[1])
+        if num_decodes > 1:
+            # The cache is expanded by the decode fn; the step closure needs expanded inputs.
+            block_step = make_block_step(self.module, params, jnp.repeat(enc, num_decodes, 0))
+        kwargs = {**self.default_decoder_params, **dict(decoder_params or {})}
+        decodes, scores = self.decode_fn(
+            inputs=inputs,
+            cache=cache,
+            tokens_to_logits=one_token_logits_fn(block_step),
+            eos_id=self.eos_id,
+            num_decodes=num_decodes,
+            decode_rng=rng,
+            cache_offset=0,
+            **kwargs,
+        )
+        if return_all_decodes:
+            return decodes, {"scores": scores}
+        return decodes[:, -1, :], {"scores": scores[:, -1]}
+
+
+class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
+    """An `EncoderDecoderModel` whose predictions come from speculative decoding.
+
+    Holds the target network (`module`, M_p) and a draft (`drafts.Draft`, M_q). Training, scoring
+    and initial variables stay target-only (T5X passes only target params around); the draft's
+    parameters travel separately (`draft_params`, default `draft.params`).
+
+    Args:
+      module: target `network.Transformer`.
+      draft: a `drafts.Draft` (T5 model, unigram, bigram or source-copy).
+      decode_fn: the speculative decode function (default `speculative.speculative_sample`);
+        gin binds gamma / temperature / topk / topp on it.
+      Other arguments as `EncoderDecoderModel`.
+    """
+
+    def __init__(self, module, draft, input_vocabulary=None, output_vocabulary=None, **kwargs):
+        from specdec_t5x import speculative  # local: speculative imports nothing from here
+
+        kwargs.setdefault("decode_fn", speculative.speculative_sample)
+        super().__init__(module, input_vocabulary, output_vocabulary, **kwargs)
+        self.draft = draft
+
+    def predict_batch_with_aux(
+        self,
+        params,
+        batch: Mapping[str, Array],
+        rng: Array | None = None,
+        decoder_params: Mapping[str, Any] | None = None,
+        draft_params=None,
+        prompt_with_targets: bool = False,
+    ) -> tuple[Array, dict[str, Any]]:
+        """Speculative decodes int32 [batch, max_decode_len] and `{'stats': SpeculativeStats}`.
+
+        Args:
+          params: target parameters.
+          batch: as `EncoderDecoderModel.predict_batch_with_aux`.
+          rng: PRNG key for sampling.
+          decoder_params: extra keyword arguments for the decode fn (gamma, temperature, ...).
+          draft_params: draft parameters (default `self.draft.params`). Pass them explicitly under
+            `jax.jit` so they are arguments, not compile-time constants.
+          prompt_with_targets: use the decoder inputs (EOS zeroed) as a forced prompt.
+        """
+        _require(batch, "encoder_input_tokens", "decoder_input_tokens")
+        enc = batch["encoder_input_tokens"]
+        inputs = decoder_prompt_inputs(batch, self.eos_id, prompt_with_targets)
+        target_cache, target_step = self.decoder_state(params, enc, inputs.shape[1])
+        if draft_params is None:
+            draft_params = self.draft.params
+        draft_cache, draft_step = self.draft.prepare(draft_params, enc, inputs.shape[1])
+        kwargs = {**self.default_decoder_params, **dict(decoder_params or {})}
+        decodes, stats = self.decode_fn(
+            inputs,
+            target_cache,
+            target_step,
+            draft_cache,
+            draft_step,
+            self.eos_id,
+            decode_rng=rng,
+            **kwargs,
+        )
+        return decodes, {"stats": stats}

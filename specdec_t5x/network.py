@@ -1,0 +1,596 @@
+"""T5 v1.1 encoder-decoder in Flax linen with a multi-token, position-addressed decode cache.
+
+Public surface and parameter tree follow T5X's `t5x/examples/t5/network.py` so T5X gin files and
+checkpoints carry over: `T5Config` (same field names), `Transformer.__call__ / encode / decode` (same
+argument names) and exactly T5X's parameter names (`token_embedder/embedding`,
+`encoder/layers_{i}/attention/query/kernel`, ..., `decoder/logits_dense/kernel`).
+
+What differs from T5X, on purpose, in `decode=True` mode (speculative decoding needs it):
+
+* The decoder takes a *block* of k >= 1 tokens per example, `decoder_input_tokens int32 [batch, k]`,
+  with `decoder_positions int32 [batch, k]` giving each token's absolute decoder position (rows may
+  start at different positions). Cache entries are **written** (scatter, not added) at those positions
+  and a query at position t attends to cache slots <= t only. Rolling back is calling again at an
+  earlier position: stale slots are never read before they are overwritten.
+* Cross-attention keys/values of the encoder output are projected once, when the cache is created, and
+  read from the cache afterwards (T5X re-projects them at every step).
+
+Cache layout per decoder layer (collection ``'cache'``)::
+
+  decoder/layers_{i}/self_attention/cached_key           dtype [batch, max_len, heads, head_dim]
+  decoder/layers_{i}/self_attention/cached_value         dtype [batch, max_len, heads, head_dim]
+  decoder/layers_{i}/encoder_decoder_attention/cached_key    dtype [batch, enc_len, heads, head_dim]
+  decoder/layers_{i}/encoder_decoder_attention/cached_value  dtype [batch, enc_len, heads, head_dim]
+
+Every cache leaf carries the batch axis first, so T5X-style `num_decodes` expansion works unchanged.
+The cache is created like T5X's: one `decode=True` apply with `mutable=['cache']` whose decoder inputs
+have the full `[batch, max_decode_len]` shape (see `models.EncoderDecoderModel.build_decoder_state`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+Array = jax.Array
+DType = Any
+
+NEG_INF = -1e10  # Masked attention logits (T5X's additive mask value).
+NUM_BUCKETS = 32  # Relative-position buckets per stack (T5 v1.1).
+MAX_DISTANCE = 128  # Relative distance mapped to the last bucket.
+
+# T5X initialisers: variance scaling, fan-in, truncated normal; embeddings N(0, 1).
+_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+_embed_init = nn.initializers.normal(stddev=1.0)
+_relpos_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+    """Hyperparameters of a T5 model, with T5X's field names and defaults.
+
+    Attributes:
+      vocab_size: model vocabulary (rows of the embedding table; T5 rounds to a multiple of 128).
+      dtype: activation dtype (`'bfloat16'` in T5X's v1.1 gins); parameters are float32.
+      emb_dim: model width d_model.
+      num_heads: attention heads.
+      num_encoder_layers / num_decoder_layers: stack depths.
+      head_dim: per-head width d_kv.
+      mlp_dim: feed-forward width d_ff.
+      mlp_activations: `('gelu', 'linear')` for v1.1 gated-GELU; `('relu',)` for T5 1.0.
+      dropout_rate: dropout probability (only active with `enable_dropout=True`).
+      logits_via_embedding: tie the logits layer to the embedding (T5 1.0) instead of
+        `decoder/logits_dense` (v1.1).
+      float32_attention_logits: compute q.k in float32 (softmax is float32 regardless).
+    """
+
+    vocab_size: int
+    dtype: DType = jnp.float32
+    emb_dim: int = 512
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    head_dim: int = 64
+    mlp_dim: int = 2048
+    mlp_activations: Sequence[str] = ("relu",)
+    dropout_rate: float = 0.1
+    logits_via_embedding: bool = False
+    float32_attention_logits: bool = False
+
+
+# ----------------------------------------------------------------------------------------------
+# Relative position buckets (T5): exact integer tables built with NumPy at trace time.
+
+
+@functools.lru_cache(maxsize=None)
+def _bucket_table(bidirectional: bool) -> np.ndarray:
+    """Bucket of every relative distance n = query_pos - key_pos in [-MAX, MAX].
+
+    Returns int32 [2 * MAX_DISTANCE + 1]; entry `n + MAX_DISTANCE`. Distances beyond +-MAX_DISTANCE
+    map to the same bucket as +-MAX_DISTANCE, so callers clip n first. Follows T5's
+    `_relative_position_bucket` (float32 log with eps), evaluated once in NumPy so the mapping never
+    depends on device float behaviour.
+    """
+    n = np.arange(-MAX_DISTANCE, MAX_DISTANCE + 1, dtype=np.int64)
+    num_buckets = NUM_BUCKETS
+    ret = np.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        ret += (n < 0).astype(np.int64) * num_buckets
+        n = np.abs(n)
+    else:
+        n = np.maximum(n, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    val_if_large = max_exact + (
+        np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
+        / np.log(MAX_DISTANCE / max_exact)
+        * (num_buckets - max_exact)
+    ).astype(np.int64)
+    val_if_large = np.minimum(val_if_large, num_buckets - 1)
+    ret += np.where(is_small, n, val_if_large)
+    return ret.astype(np.int32)
+
+
+class RelativePositionBiases(nn.Module):
+    """One relative-position bias table per stack, shared by its layers (param `rel_embedding`)."""
+
+    num_heads: int
+    bidirectional: bool
+    dtype: DType
+
+    @nn.compact
+    def __call__(self, query_positions: Array, key_positions: Array) -> Array:
+        """Bias for every (query, key) pair.
+
+        Args:
+          query_positions: int32 [batch, q_len] absolute positions.
+          key_positions: int32 [batch, k_len] absolute positions.
+
+        Returns:
+          dtype [batch, heads, q_len, k_len] additive attention bias.
+        """
+        rel_embedding = self.param(
+            "rel_embedding", _relpos_init, (self.num_heads, NUM_BUCKETS), jnp.float32
+        )
+        n = query_positions[:, :, None] - key_positions[:, None, :]  # [b, q, k]
+        n = jnp.clip(n, -MAX_DISTANCE, MAX_DISTANCE) + MAX_DISTANCE
+        buckets = jnp.asarray(_bucket_table(self.bidirectional))[n]  # [b, q, k]
+        bias = jnp.take(rel_embedding.T, buckets, axis=0)  # [b, q, k, heads]
+        return jnp.transpose(bias, (0, 3, 1, 2)).astype(self.dtype)  # [b, heads, q, k]
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers.
+
+
+class LayerNorm(nn.Module):
+    """T5 RMSNorm in float32: x * rsqrt(mean(x^2) + eps) * scale (no centring, no bias)."""
+
+    dtype: DType
+    epsilon: float = 1e-6
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        x = jnp.asarray(x, jnp.float32)
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+        var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+        return (x * jax.lax.rsqrt(var + self.epsilon) * scale).astype(self.dtype)
+
+
+class Dense(nn.Module):
+    """Bias-free projection with a 2-D `kernel [in, out]` (T5X's DenseGeneral storage)."""
+
+    features: int
+    dtype: DType
+    kernel_init: Any = _kernel_init
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
+        return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+class MlpBlock(nn.Module):
+    """Feed-forward block: gated (`wi_0` * `wi_1`) when several activations are given, else `wi`."""
+
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, x: Array, enable_dropout: bool) -> Array:
+        cfg = self.config
+        acts = cfg.mlp_activations
+        h = None
+        for i, act in enumerate(acts):
+            name = "wi" if len(acts) == 1 else f"wi_{i}"
+            y = Dense(cfg.mlp_dim, cfg.dtype, name=name)(x)
+            y = y if act == "linear" else getattr(nn, act)(y)
+            h = y if h is None else h * y
+        h = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(h, deterministic=not enable_dropout)
+        return Dense(cfg.emb_dim, cfg.dtype, name="wo")(h)
+
+
+def _query_init(head_dim: int):
+    """T5X folds the 1/sqrt(head_dim) attention scaling into the query initialiser."""
+
+    def init(key, shape, dtype=jnp.float32):
+        return _kernel_init(key, shape, dtype) / np.sqrt(head_dim).astype(np.float32)
+
+    return init
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head dot-product attention without 1/sqrt(d) scaling (params query/key/value/out).
+
+    Modes:
+      * `cache_mode=None`: plain attention over `kv_inputs`.
+      * `cache_mode='self'`: decoder self-attention through the position-addressed cache.
+      * `cache_mode='cross'`: cross-attention whose projected encoder K/V live in the cache.
+    """
+
+    config: T5Config
+
+    @nn.compact
+    def __call__(
+        self,
+        q_inputs: Array,
+        kv_inputs: Array | None,
+        mask: Array | None,
+        bias: Array | None,
+        *,
+        enable_dropout: bool = False,
+        cache_mode: str | None = None,
+        query_positions: Array | None = None,
+    ) -> Array:
+        """Attention output.
+
+        Args:
+          q_inputs: dtype [batch, q_len, emb].
+          kv_inputs: dtype [batch, kv_len, emb] (ignored when read from the cache).
+          mask: bool [batch, 1 | heads, q_len, kv_len] (True = attend) or None.
+          bias: dtype [batch | 1, heads, q_len, kv_len] additive bias or None.
+          enable_dropout: attention-probability dropout.
+          cache_mode: None, 'self' or 'cross' (see class docstring).
+          query_positions: int32 [batch, q_len] absolute positions (cache_mode='self').
+
+        Returns:
+          dtype [batch, q_len, emb].
+        """
+        cfg = self.config
+        heads, head_dim = cfg.num_heads, cfg.head_dim
+        features = heads * head_dim
+        batch, q_len = q_inputs.shape[:2]
+
+        def project(name, x, init=_kernel_init):
+            y = Dense(features, cfg.dtype, kernel_init=init, name=name)(x)
+            return y.reshape(y.shape[:2] + (heads, head_dim))  # [b, l, h*d] -> [b, l, h, d]
+
+        query = project("query", q_inputs, _query_init(head_dim))  # [b, q, h, d]
+        if cache_mode == "cross":
+            # Projected once when the cache is created (the init fns run only then), read after.
+            key = self.variable("cache", "cached_key", project, "key", kv_inputs).value
+            value = self.variable("cache", "cached_value", project, "value", kv_inputs).value
+        else:
+            key = project("key", kv_inputs)  # [b, k, h, d]
+            value = project("value", kv_inputs)
+        if cache_mode == "self":
+            initialised = self.has_variable("cache", "cached_key")
+            cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+            cached_value = self.variable(
+                "cache", "cached_value", jnp.zeros, value.shape, value.dtype
+            )
+            if initialised:
+                max_len = cached_key.value.shape[1]
+                rows = jnp.arange(batch)[:, None]  # [b, 1]
+                # Write (not add) the k new entries at their absolute positions; positions past
+                # the cache end are dropped (the sampler never reads their outputs).
+                cached_key.value = cached_key.value.at[rows, query_positions].set(key, mode="drop")
+                cached_value.value = cached_value.value.at[rows, query_positions].set(
+                    value, mode="drop"
+                )
+                key, value = cached_key.value, cached_value.value  # [b, max_len, h, d]
+                key_positions = jnp.arange(max_len, dtype=jnp.int32)
+                # Causal by position: query at t sees cache slots <= t only.
+                mask = (key_positions[None, None, :] <= query_positions[:, :, None])[:, None]
+
+        if cfg.float32_attention_logits:
+            query, key = query.astype(jnp.float32), key.astype(jnp.float32)
+        logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
+        if bias is not None:
+            logits = logits + bias.astype(jnp.float32)
+        if mask is not None:
+            logits = jnp.where(mask, logits, NEG_INF)
+        weights = jax.nn.softmax(logits, axis=-1).astype(cfg.dtype)  # [b, h, q, k]
+        weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=not enable_dropout)
+        out = jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(cfg.dtype))
+        out = out.reshape(batch, q_len, features)  # [b, q, h, d] -> [b, q, h*d]
+        return Dense(cfg.emb_dim, cfg.dtype, name="out")(out)
+
+
+class EncoderLayer(nn.Module):
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, x, mask, bias, enable_dropout):
+        cfg = self.config
+        drop = functools.partial(
+            nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,)), deterministic=not enable_dropout
+        )
+        y = LayerNorm(cfg.dtype, name="pre_attention_layer_norm")(x)
+        y = MultiHeadAttention(cfg, name="attention")(
+            y, y, mask, bias, enable_dropout=enable_dropout
+        )
+        x = x + drop(y)
+        y = LayerNorm(cfg.dtype, name="pre_mlp_layer_norm")(x)
+        y = MlpBlock(cfg, name="mlp")(y, enable_dropout)
+        return x + drop(y)
+
+
+class DecoderLayer(nn.Module):
+    config: T5Config
+
+    @nn.compact
+    def __call__(
+        self, x, encoded, self_mask, cross_mask, bias, enable_dropout, decode, positions
+    ):
+        cfg = self.config
+        drop = functools.partial(
+            nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,)), deterministic=not enable_dropout
+        )
+        y = LayerNorm(cfg.dtype, name="pre_self_attention_layer_norm")(x)
+        y = MultiHeadAttention(cfg, name="self_attention")(
+            y,
+            y,
+            self_mask,
+            bias,
+            enable_dropout=enable_dropout,
+            cache_mode="self" if decode else None,
+            query_positions=positions,
+        )
+        x = x + drop(y)
+        y = LayerNorm(cfg.dtype, name="pre_cross_attention_layer_norm")(x)
+        y = MultiHeadAttention(cfg, name="encoder_decoder_attention")(
+            y,
+            encoded,
+            cross_mask,
+            None,
+            enable_dropout=enable_dropout,
+            cache_mode="cross" if decode else None,
+        )
+        x = x + drop(y)
+        y = LayerNorm(cfg.dtype, name="pre_mlp_layer_norm")(x)
+        y = MlpBlock(cfg, name="mlp")(y, enable_dropout)
+        return x + drop(y)
+
+
+class Embed(nn.Module):
+    """Shared token embedding `embedding [vocab, emb]` (float32 params)."""
+
+    num_embeddings: int
+    features: int
+    dtype: DType
+
+    def setup(self):
+        self.embedding = self.param(
+            "embedding", _embed_init, (self.num_embeddings, self.features), jnp.float32
+        )
+
+    def __call__(self, tokens: Array) -> Array:
+        return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
+
+    def attend(self, x: Array) -> Array:
+        return jnp.dot(x, self.embedding.T.astype(self.dtype))
+
+
+def _positions_or_arange(positions: Array | None, tokens: Array) -> Array:
+    if positions is not None:
+        return positions.astype(jnp.int32)
+    return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+class Encoder(nn.Module):
+    config: T5Config
+    shared_embedding: nn.Module
+
+    @nn.compact
+    def __call__(self, tokens, segment_ids=None, positions=None, enable_dropout=True):
+        cfg = self.config
+        positions = _positions_or_arange(positions, tokens)
+        mask = (tokens > 0)[:, None, None, :] & (tokens > 0)[:, None, :, None]
+        if segment_ids is not None:
+            mask &= (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+        bias = RelativePositionBiases(cfg.num_heads, True, cfg.dtype, name="relpos_bias")(
+            positions, positions
+        )
+        x = self.shared_embedding(tokens)
+        x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=not enable_dropout)
+        for i in range(cfg.num_encoder_layers):
+            x = EncoderLayer(cfg, name=f"layers_{i}")(x, mask, bias, enable_dropout)
+        x = LayerNorm(cfg.dtype, name="encoder_norm")(x)
+        return nn.Dropout(cfg.dropout_rate)(x, deterministic=not enable_dropout)
+
+
+class Decoder(nn.Module):
+    config: T5Config
+    shared_embedding: nn.Module
+
+    @nn.compact
+    def __call__(
+        self,
+        encoded,
+        encoder_input_tokens,
+        decoder_input_tokens,
+        decoder_target_tokens=None,
+        encoder_segment_ids=None,
+        decoder_segment_ids=None,
+        decoder_positions=None,
+        enable_dropout=True,
+        decode=False,
+    ):
+        cfg = self.config
+        positions = _positions_or_arange(decoder_positions, decoder_input_tokens)
+        enc_valid = encoder_input_tokens > 0  # [b, enc_len]
+        initialising = decode and not self.has_variable("cache", "layers_0")
+        if decode and not initialising:
+            self_mask = None  # built from positions against the cache inside the attention
+            cross_mask = jnp.broadcast_to(
+                enc_valid[:, None, None, :],
+                (enc_valid.shape[0], 1, decoder_input_tokens.shape[1], enc_valid.shape[1]),
+            )
+            key_positions = jnp.arange(_cache_len(self), dtype=jnp.int32)[None]
+        else:
+            targets = decoder_input_tokens if decoder_target_tokens is None else decoder_target_tokens
+            valid = targets > 0 if not decode else jnp.ones_like(targets, bool)
+            causal = positions[:, :, None] >= positions[:, None, :]
+            self_mask = (causal & valid[:, :, None] & valid[:, None, :])[:, None]
+            cross_mask = (valid[:, :, None] & enc_valid[:, None, :])[:, None]
+            if decoder_segment_ids is not None:
+                same = decoder_segment_ids[:, :, None] == decoder_segment_ids[:, None, :]
+                self_mask &= same[:, None]
+                cross_mask &= (
+                    decoder_segment_ids[:, :, None] == encoder_segment_ids[:, None, :]
+                )[:, None]
+            key_positions = positions
+        bias = RelativePositionBiases(cfg.num_heads, False, cfg.dtype, name="relpos_bias")(
+            positions, jnp.broadcast_to(key_positions, (positions.shape[0], key_positions.shape[1]))
+        )
+        x = self.shared_embedding(decoder_input_tokens)
+        x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=not enable_dropout)
+        for i in range(cfg.num_decoder_layers):
+            x = DecoderLayer(cfg, name=f"layers_{i}")(
+                x, encoded, self_mask, cross_mask, bias, enable_dropout, decode, positions
+            )
+        x = LayerNorm(cfg.dtype, name="decoder_norm")(x)
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=not enable_dropout)
+        if cfg.logits_via_embedding:
+            logits = self.shared_embedding.attend(x) / jnp.sqrt(x.shape[-1]).astype(x.dtype)
+        else:
+            logits = Dense(cfg.vocab_size, jnp.float32, name="logits_dense")(x)
+        return logits.astype(jnp.float32)  # [b, q, vocab]
+
+
+def _cache_len(decoder: nn.Module) -> int:
+    """Length (max_decode_len) of the decoder self-attention cache."""
+    cache = decoder.variables["cache"]
+    return cache["layers_0"]["self_attention"]["cached_key"].shape[1]
+
+
+class Transformer(nn.Module):
+    """T5 encoder-decoder with T5X's entry points and parameter tree.
+
+    Mirrors `t5x.examples.t5.network.Transformer`; see the module docstring for the decode-mode
+    contract (multi-token blocks at absolute positions, written cache, cached cross K/V).
+    """
+
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
+        self.encoder = Encoder(cfg, self.token_embedder)
+        self.decoder = Decoder(cfg, self.token_embedder)
+
+    def encode(
+        self,
+        encoder_input_tokens: Array,
+        encoder_segment_ids: Array | None = None,
+        enable_dropout: bool = True,
+        encoder_positions: Array | None = None,
+    ) -> Array:
+        """Encoder output.
+
+        Args:
+          encoder_input_tokens: int32 [batch, enc_len], 0 = padding.
+          encoder_segment_ids: int32 [batch, enc_len] for packed inputs, or None.
+          enable_dropout: dropout on (training) or off.
+          encoder_positions: int32 [batch, enc_len] for packed inputs, or None (0..enc_len-1).
+
+        Returns:
+          dtype [batch, enc_len, emb].
+        """
+        if encoder_input_tokens.ndim != 2:
+            raise ValueError(
+                f"encoder_input_tokens must be int32 [batch, length]; got shape "
+                f"{encoder_input_tokens.shape}."
+            )
+        return self.encoder(
+            encoder_input_tokens, encoder_segment_ids, encoder_positions, enable_dropout
+        )
+
+    def decode(
+        self,
+        encoded: Array,
+        encoder_input_tokens: Array,
+        decoder_input_tokens: Array,
+        decoder_target_tokens: Array | None = None,
+        encoder_segment_ids: Array | None = None,
+        decoder_segment_ids: Array | None = None,
+        decoder_positions: Array | None = None,
+        enable_dropout: bool = True,
+        decode: bool = False,
+        max_decode_length: int | None = None,
+    ) -> Array:
+        """Decoder logits (teacher-forced, or one cached block when `decode=True`).
+
+        Args:
+          encoded: dtype [batch, enc_len, emb] encoder output (with `decode=True` it is only read
+            when the cache is created; later calls use the cached cross K/V).
+          encoder_input_tokens: int32 [batch, enc_len] (for the cross-attention padding mask).
+          decoder_input_tokens: int32 [batch, k] (k = full length when teacher forcing or when
+            creating the cache; any k >= 1 for a cached block).
+          decoder_target_tokens: int32 [batch, k] or None; its zeros mark padding when teacher
+            forcing (T5X semantics). Unused in cached decoding.
+          encoder_segment_ids, decoder_segment_ids: int32 segment ids for packed training data.
+          decoder_positions: int32 [batch, k] absolute decoder positions. Required for cached
+            block calls; defaults to 0..k-1 otherwise.
+          enable_dropout: dropout on (training) or off.
+          decode: use/update the `'cache'` collection (apply with `mutable=['cache']`).
+          max_decode_length: accepted for T5X compatibility; the cache length is the decoder input
+            length of the cache-creating call.
+
+        Returns:
+          float32 [batch, k, vocab]; row j is the next-token logits after the token at
+          `decoder_positions[:, j]`.
+
+        Raises:
+          ValueError: cached block call without `decoder_positions`, or mismatched shapes.
+        """
+        del max_decode_length
+        if decode and self.has_variable("cache", "decoder"):
+            if decoder_positions is None:
+                raise ValueError(
+                    "decode=True with an existing cache needs decoder_positions int32 [batch, k] "
+                    "(absolute position of each decoder input token); got None."
+                )
+            if decoder_positions.shape != decoder_input_tokens.shape:
+                raise ValueError(
+                    f"decoder_positions shape {decoder_positions.shape} must equal "
+                    f"decoder_input_tokens shape {decoder_input_tokens.shape}."
+                )
+        return self.decoder(
+            encoded,
+            encoder_input_tokens,
+            decoder_input_tokens,
+            decoder_target_tokens,
+            encoder_segment_ids,
+            decoder_segment_ids,
+            decoder_positions,
+            enable_dropout,
+            decode,
+        )
+
+    def __call__(
+        self,
+        encoder_input_tokens: Array,
+        decoder_input_tokens: Array,
+        decoder_target_tokens: Array,
+        encoder_segment_ids: Array | None = None,
+        decoder_segment_ids: Array | None = None,
+        encoder_positions: Array | None = None,
+        decoder_positions: Array | None = None,
+        *,
+        enable_dropout: bool = True,
+        decode: bool = False,
+    ) -> Array:
+        """Teacher-forced forward pass: float32 [batch, dec_len, vocab] logits (T5X `__call__`)."""
+        encoded = self.encode(
+            encoder_input_tokens, encoder_segment_ids, enable_dropout, encoder_positions
+        )
+        return self.decode(
+            encoded,
+            encoder_input_tokens,
+            decoder_input_tokens,
+            decoder_target_tokens,
+            encoder_segment_ids,
+            decoder_segment_ids,
+            decoder_positions,
+            enable_dropout,
+            decode,
+        )

@@ -1,0 +1,137 @@
+"""Logits -> adjusted next-token distributions: temperature, top-k, top-p (nucleus), argmax.
+
+The paper (§2.2) casts every sampling method as sampling from an *adjusted* distribution; speculative
+decoding is exact for the adjusted distributions only if target (p) and draft (q) are adjusted the
+same way. This module is that one place, shared by the baseline (`decoding.temperature_sample`) and the
+speculative sampler (`speculative.speculative_sample`).
+
+Semantics follow T5X's `temperature_sample`:
+
+* temperature below `MIN_TEMPERATURE` means argmax (greedy); top-k / top-p are then ignored.
+* top-k keeps every token whose logit is >= the k-th largest (ties at the threshold are all kept,
+  so more than k tokens can survive, as in T5X).
+* top-p keeps the smallest set of most-probable tokens whose mass is >= p; tokens tied with the
+  least probable kept token are kept too.
+* removed tokens get the logit `NEG_INF` (finite, so no NaN can arise from all-masked rows).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+MIN_TEMPERATURE = 1e-4  # T5X's threshold: temperatures below it decode greedily.
+NEG_INF = -1e10  # Logit of a removed token (exp underflows to exactly 0 in float32).
+
+
+def validate(temperature: float, topk: int, topp: float) -> None:
+    """Checks sampling settings shared by the baseline and speculative samplers.
+
+    Args:
+      temperature: softmax temperature (Python number; checked when static).
+      topk: number of most likely tokens kept (0 = off).
+      topp: nucleus mass in [0, 1] (0 = off).
+
+    Raises:
+      ValueError: negative temperature, negative topk, topp outside [0, 1], or both topk and topp set.
+    """
+    if isinstance(temperature, int | float) and temperature < 0:
+        raise ValueError(f"temperature must be >= 0; got temperature={temperature}.")
+    if not isinstance(topk, int) or topk < 0:
+        raise ValueError(f"topk must be a non-negative int (0 = off); got topk={topk!r}.")
+    if not 0.0 <= float(topp) <= 1.0:
+        raise ValueError(f"topp must be in [0, 1] (0 = off); got topp={topp}.")
+    if topk and topp:
+        raise ValueError(f"Set at most one of topk and topp; got topk={topk}, topp={topp}.")
+
+
+def is_greedy(temperature: float) -> bool:
+    """True when a static temperature selects argmax decoding (below `MIN_TEMPERATURE`)."""
+    return float(temperature) < MIN_TEMPERATURE
+
+
+def topk_mask(logits: Array, topk: int) -> Array:
+    """Keeps logits >= the k-th largest per row; others become `NEG_INF`.
+
+    Args:
+      logits: float32 [..., vocab].
+      topk: k >= 1 (0 returns `logits` unchanged).
+
+    Returns:
+      float32 [..., vocab].
+    """
+    if not topk:
+        return logits
+    kth = jax.lax.top_k(logits, topk)[0][..., -1:]  # [..., 1]
+    return jnp.where(logits >= kth, logits, NEG_INF)
+
+
+def topp_mask(logits: Array, topp: float) -> Array:
+    """Nucleus filter: keeps the smallest most-probable set with mass >= topp (ties kept).
+
+    Args:
+      logits: float32 [..., vocab] (already temperature-scaled).
+      topp: mass in (0, 1] (0 or 1 return `logits` unchanged).
+
+    Returns:
+      float32 [..., vocab].
+    """
+    if not topp or topp >= 1.0:
+        return logits
+    probs = jax.nn.softmax(logits, axis=-1)
+    sorted_probs = jnp.sort(probs, axis=-1)[..., ::-1]  # descending
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs  # exclusive cumsum
+    kept_sorted = mass_before < topp  # the first entry always kept (0 < topp)
+    # Least probable kept probability; keep every token at least that probable (ties included).
+    threshold = jnp.min(jnp.where(kept_sorted, sorted_probs, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(probs >= threshold, logits, NEG_INF)
+
+
+def adjust_logits(logits: Array, temperature: float | Array, topk: int = 0, topp: float = 0.0):
+    """Temperature, then top-k or top-p: the logits of the adjusted distribution (§2.2).
+
+    Args:
+      logits: float32 [..., vocab] raw model logits.
+      temperature: > 0 scalar, or float32 array broadcastable to `logits[..., :1]`.
+      topk: k (0 = off).
+      topp: nucleus mass (0 = off).
+
+    Returns:
+      float32 [..., vocab]; `NEG_INF` for removed tokens.
+    """
+    logits = logits.astype(jnp.float32) / jnp.maximum(temperature, MIN_TEMPERATURE)
+    return topp_mask(topk_mask(logits, topk), topp)
+
+
+def adjusted_probs(logits: Array, temperature: float, topk: int = 0, topp: float = 0.0) -> Array:
+    """The adjusted distribution itself: float32 [..., vocab] probabilities summing to 1.
+
+    In argmax mode (`is_greedy(temperature)`) it is the one-hot of `argmax(logits)`.
+    """
+    if is_greedy(temperature):
+        return jax.nn.one_hot(argmax(logits), logits.shape[-1], dtype=jnp.float32)
+    return jax.nn.softmax(adjust_logits(logits, temperature, topk, topp), axis=-1)
+
+
+def argmax(logits: Array) -> Array:
+    """Greedy token: int32 [...] (first index among exact ties, like `jnp.argmax`)."""
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def sample(rng: Array, logits: Array, temperature: float, topk: int = 0, topp: float = 0.0):
+    """One token per row from the adjusted distribution (argmax in greedy mode).
+
+    Args:
+      rng: PRNG key (one key for the whole batch, as in T5X).
+      logits: float32 [batch, vocab].
+      temperature, topk, topp: see `adjust_logits`.
+
+    Returns:
+      int32 [batch].
+    """
+    if is_greedy(temperature):
+        return argmax(logits)
+    adjusted = adjust_logits(logits, temperature, topk, topp)
+    return jax.random.categorical(rng, adjusted, axis=-1).astype(jnp.int32)

@@ -1,0 +1,343 @@
+"""Speculative sampling (Leviathan et al., 2022, Algorithm 1) as one jitted `lax.while_loop`.
+
+Glossary (the paper's terms; p is always the target, q the draft):
+
+* target, M_p: the large model whose output distribution is preserved exactly.
+* draft, M_q: the cheap model (T5, n-gram or source-copy) that proposes tokens.
+* p, q: the *adjusted* next-token distributions of target and draft (temperature, then top-k or
+  top-p, applied identically to both; argmax mode = one-hot of the argmax) (§2.2).
+* gamma (γ): draft tokens proposed per iteration; the target scores all γ + 1 prefixes in one call.
+* n_accepted: leading draft tokens accepted in an iteration (0..γ); the iteration then emits
+  n_accepted + 1 tokens (the last from the residual norm(max(0, p - q)) or, after γ acceptances,
+  the "bonus" token from p).
+* beta (β): Σ_x min(p(x), q(x)), the acceptance probability of one position (Def. 3.1);
+  alpha (α) = E[β] (Corollary 3.6).
+* c: cost of one draft step relative to one target step (measured by the eval job).
+
+Worked example of one iteration, γ = 3, 2 drafts accepted (buffer holds decoder inputs by absolute
+position; position 0 is the start token 0; `length` n counts valid positions)::
+
+  before: buffer = [0, a, b, _, _, _, _], n = 3 (outputs a, b); caches valid for positions 0..1
+  draft:  feed b@2 -> d1 = x; feed x@3 -> d2 = y; feed y@4 -> d3 = z   (draft wrote slots 2..4)
+  verify: target on [b, x, y, z] at positions 2..5 -> p_1..p_4        (target wrote slots 2..5)
+  accept: x, y accepted, z rejected -> t ~ norm(max(0, p_3 - q_3)); n_accepted = 2
+  after:  buffer = [0, a, b, x, y, t, _], n = 6; caches valid for positions 0..4. The stale slots
+          (draft 4, target 5) are never read: the next calls start at position 5 and overwrite.
+
+When all γ drafts are accepted the draft never consumed d_γ; the next iteration's first draft call
+then feeds two tokens (d_γ, bonus) instead of one (`draft_behind`), so no extra draft call is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from specdec_t5x import sampling
+
+Array = jax.Array
+BlockStep = Callable[[Array, Array, Any], tuple[Array, Any]]
+
+
+@flax.struct.dataclass
+class SpeculativeStats:
+    """Per-row statistics of a speculative decode (only iterations before a row ended count).
+
+    Attributes:
+      num_iterations: int32 [batch] target verify calls (iterations).
+      num_draft_tokens: int32 [batch] draft tokens whose acceptance test ran:
+        min(n_accepted + 1, γ) per iteration (fewer when EOS or the length limit cut the block).
+      num_accepted: int32 [batch] accepted draft tokens (α_counted = num_accepted /
+        num_draft_tokens; each test is a Bernoulli(β) trial, Def. 3.1).
+      accept_histogram: int32 [batch, gamma + 1] iterations that accepted n drafts.
+      beta_sum: float32 [batch] Σ β over tested positions (Corollary 3.6 estimator of α).
+      num_beta: int32 [batch] number of β terms in `beta_sum`.
+      num_generated: int32 [batch] tokens written by the loop (forced prompt excluded, EOS
+        included); tokens per iteration = num_generated / num_iterations.
+    """
+
+    num_iterations: Array
+    num_draft_tokens: Array
+    num_accepted: Array
+    accept_histogram: Array
+    beta_sum: Array
+    num_beta: Array
+    num_generated: Array
+
+
+@flax.struct.dataclass
+class _LoopState:
+    """Carry of the speculative loop.
+
+    Attributes:
+      buffer: int32 [batch, max_decode_len + gamma + 2] decoder inputs by absolute position.
+      length: int32 [batch] valid positions in `buffer` (start token included).
+      draft_behind: bool [batch] the draft cache lacks the entry at position length - 2.
+      done: bool [batch] row ended (EOS) or reached its length limit.
+      target_cache, draft_cache: the closures' caches.
+      rng: PRNG key.
+      stats: `SpeculativeStats`.
+    """
+
+    buffer: Array
+    length: Array
+    draft_behind: Array
+    done: Array
+    target_cache: Any
+    draft_cache: Any
+    rng: Array
+    stats: SpeculativeStats
+
+
+def speculative_sample(
+    inputs: Array,
+    target_cache: Any,
+    target_tokens_to_logits: BlockStep,
+    draft_cache: Any,
+    draft_tokens_to_logits: BlockStep,
+    eos_id: int,
+    *,
+    gamma: int,
+    decode_rng: Array | None = None,
+    temperature: float = 1.0,
+    topk: int = 0,
+    topp: float = 0.0,
+    max_decode_steps: int | None = None,
+) -> tuple[Array, SpeculativeStats]:
+    """Decodes with the target's exact output distribution, calling it once per γ + 1 tokens.
+
+    Algorithm 1 of the paper, batched with per-row acceptance: each row accepts its own number of
+    drafts and ends at its own EOS; the loop ends when every row has ended or is full.
+
+    Args:
+      inputs: int32 [batch, max_decode_len], T5X semantics: all zeros for plain decoding; a
+        leading run of non-zero tokens after column 0 (the start slot) is a forced decoder prompt
+        (prefilled into both caches). Tokens after the first zero are ignored.
+      target_cache: cache pytree of the target closure.
+      target_tokens_to_logits: target block step `(tokens int32 [batch, k], positions int32
+        [batch], cache) -> (logits float32 [batch, k, vocab], cache)` (see `models`).
+      draft_cache: cache pytree of the draft closure.
+      draft_tokens_to_logits: draft block step with the same contract and vocabulary size.
+      eos_id: end-of-sequence id.
+      gamma: draft tokens per iteration (γ >= 1).
+      decode_rng: PRNG key (None: `PRNGKey(0)`); unused in argmax mode.
+      temperature: static float; below `sampling.MIN_TEMPERATURE` is argmax mode (output tokens
+        identical to greedy `decoding.temperature_sample` with the target alone).
+      topk: top-k filter applied to both p and q (0 = off).
+      topp: nucleus filter applied to both p and q (0 = off).
+      max_decode_steps: optional limit on generated tokens per row (prompt excluded), as T5X.
+
+    Returns:
+      decodes: int32 [batch, max_decode_len]: prompt, generated tokens, EOS, then zeros.
+      stats: `SpeculativeStats`.
+
+    Raises:
+      ValueError: γ < 1, temperature < 0 or not a static number, topk < 0, topp outside [0, 1],
+        topk and topp both set, target and draft vocabularies of different size, eos_id outside
+        the vocabulary, inputs not 2-D, or max_decode_steps outside [0, max_decode_len].
+    """
+    if not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an int >= 1; got gamma={gamma!r}.")
+    if not isinstance(temperature, int | float):
+        raise ValueError(f"temperature must be a static Python number; got {type(temperature)}.")
+    sampling.validate(temperature, topk, topp)
+    if inputs.ndim != 2:
+        raise ValueError(f"inputs must be int32 [batch, max_decode_len]; got shape {inputs.shape}.")
+    batch, max_len = inputs.shape
+    if max_decode_steps is not None and not 0 <= int(max_decode_steps) <= max_len:
+        raise ValueError(
+            f"max_decode_steps must be in [0, max_decode_len={max_len}]; got {max_decode_steps}."
+        )
+    vocab = _check_vocab(
+        target_tokens_to_logits, target_cache, draft_tokens_to_logits, draft_cache, batch, eos_id
+    )
+    greedy = sampling.is_greedy(temperature)
+    if decode_rng is None:
+        decode_rng = jax.random.PRNGKey(0)
+
+    # Forced prompt: the leading run of non-zero tokens after the start slot.
+    prompt_len = jnp.sum(jnp.cumprod(inputs[:, 1:] != 0, axis=1), axis=1).astype(jnp.int32)
+    limit = jnp.full((batch,), max_len, jnp.int32)
+    if max_decode_steps is not None:
+        limit = jnp.minimum(limit, prompt_len + int(max_decode_steps))
+    keep = jnp.arange(max_len)[None, :] <= prompt_len[:, None]
+    buffer = jnp.where(keep, inputs, 0).at[:, 0].set(0)
+    buffer = jnp.pad(buffer, ((0, 0), (0, gamma + 2)))  # [b, L] -> [b, L + γ + 2]
+    length = 1 + prompt_len
+
+    def prefill(caches):
+        zeros = jnp.zeros((batch,), jnp.int32)
+        tc = target_tokens_to_logits(buffer[:, :max_len], zeros, caches[0])[1]
+        dc = draft_tokens_to_logits(buffer[:, :max_len], zeros, caches[1])[1]
+        return tc, dc
+
+    target_cache, draft_cache = jax.lax.cond(
+        jnp.any(prompt_len > 0), prefill, lambda c: c, (target_cache, draft_cache)
+    )
+    init = _LoopState(
+        buffer=buffer,
+        length=length,
+        draft_behind=jnp.zeros((batch,), bool),
+        done=length - 1 >= limit,
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+        rng=decode_rng,
+        stats=SpeculativeStats(
+            num_iterations=jnp.zeros((batch,), jnp.int32),
+            num_draft_tokens=jnp.zeros((batch,), jnp.int32),
+            num_accepted=jnp.zeros((batch,), jnp.int32),
+            accept_histogram=jnp.zeros((batch, gamma + 1), jnp.int32),
+            beta_sum=jnp.zeros((batch,), jnp.float32),
+            num_beta=jnp.zeros((batch,), jnp.int32),
+            num_generated=jnp.zeros((batch,), jnp.int32),
+        ),
+    )
+    adjust = lambda logits: sampling.adjust_logits(logits, temperature, topk, topp)
+
+    def body(state: _LoopState) -> _LoopState:
+        rng, draft_rng, accept_rng, residual_rng = jax.random.split(state.rng, 4)
+        n, active = state.length, ~state.done
+        rows = jnp.arange(batch)
+        last = state.buffer[rows, n - 1]  # [b] last token, fed at position n - 1
+
+        # 1. Draft γ tokens autoregressively (q_1..q_γ, d_1..d_γ).
+        def propose(logits, key):
+            if greedy:
+                return sampling.argmax(logits), None
+            adjusted = adjust(logits)
+            token = jax.random.categorical(key, adjusted, axis=-1).astype(jnp.int32)
+            return token, jax.nn.softmax(adjusted, axis=-1)
+
+        def first_draft_call(dc):
+            def one_token(dc):
+                logits, dc = draft_tokens_to_logits(last[:, None], n - 1, dc)
+                return logits[:, 0], dc
+
+            def two_tokens(dc):
+                # Rows behind feed (d_γ, bonus) at n-2, n-1; others (last, last) at n-1, n and
+                # use column 0 (their slot n is overwritten before it is ever read).
+                behind = state.draft_behind
+                prev = state.buffer[rows, jnp.maximum(n - 2, 0)]
+                tokens = jnp.stack([jnp.where(behind, prev, last), last], axis=1)  # [b, 2]
+                logits, dc = draft_tokens_to_logits(tokens, n - 1 - behind, dc)
+                return jnp.where(behind[:, None], logits[:, 1], logits[:, 0]), dc
+
+            return jax.lax.cond(
+                jnp.any(state.draft_behind & active), two_tokens, one_token, dc
+            )
+
+        draft_keys = jax.random.split(draft_rng, gamma)
+        logits0, dc = first_draft_call(state.draft_cache)
+        token, q0 = propose(logits0, draft_keys[0])
+
+        def draft_step(carry, j):
+            token, dc = carry
+            logits, dc = draft_tokens_to_logits(token[:, None], n - 1 + j, dc)
+            token, q = propose(logits[:, 0], draft_keys[j])
+            return (token, dc), (token, q)
+
+        (_, dc), (rest_tokens, rest_q) = jax.lax.scan(
+            draft_step, (token, dc), jnp.arange(1, gamma)
+        )
+        drafts = jnp.concatenate([token[:, None], rest_tokens.T], axis=1)  # [b, γ]
+
+        # 2. One target call scores all γ + 1 prefixes (p_1..p_{γ+1}).
+        block = jnp.concatenate([last[:, None], drafts], axis=1)  # [b, γ + 1]
+        target_logits, tc = target_tokens_to_logits(block, n - 1, state.target_cache)
+
+        # 3. Accept/reject; n_accepted and the extra token t.
+        if greedy:
+            target_argmax = sampling.argmax(target_logits)  # [b, γ + 1]
+            accept = drafts == target_argmax[:, :gamma]
+            n_accepted = jnp.sum(jnp.cumprod(accept, axis=1), axis=1)
+            extra = target_argmax[rows, n_accepted]
+            beta = accept.astype(jnp.float32)  # one-hot p and q: β = [argmax p == argmax q]
+        else:
+            q = jnp.concatenate([q0[:, None], jnp.moveaxis(rest_q, 0, 1)], axis=1)  # [b, γ, V]
+            p = jax.nn.softmax(adjust(target_logits), axis=-1)  # [b, γ + 1, V]
+            p_d = jnp.take_along_axis(p[:, :gamma], drafts[..., None], axis=-1)[..., 0]
+            q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+            r = jax.random.uniform(accept_rng, (batch, gamma))
+            accept = r * q_d < p_d  # probability min(1, p/q), no division
+            n_accepted = jnp.sum(jnp.cumprod(accept, axis=1), axis=1)
+            p_next = p[rows, n_accepted]  # [b, V]
+            q_next = jnp.where(
+                (n_accepted < gamma)[:, None], q[rows, jnp.minimum(n_accepted, gamma - 1)], 0.0
+            )
+            residual = jnp.maximum(p_next - q_next, 0.0)
+            mass = jnp.sum(residual, axis=-1, keepdims=True)
+            residual = jnp.where(mass > 0, residual, p_next)  # p == q: fall back to p
+            extra = jax.random.categorical(residual_rng, jnp.log(residual), axis=-1)
+            beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)  # [b, γ]
+
+        # 4. Emit d_1..d_{n_accepted}, t; cut at EOS and at the row's length limit.
+        slots = jnp.arange(gamma + 1)
+        new_tokens = jnp.pad(drafts, ((0, 0), (0, 1)))
+        new_tokens = jnp.where(slots == n_accepted[:, None], extra[:, None], new_tokens)
+        is_eos = (new_tokens == eos_id) & (slots <= n_accepted[:, None])
+        first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), gamma + 1)
+        num_new = jnp.minimum(jnp.minimum(n_accepted + 1, first_eos + 1), limit - (n - 1))
+        num_new = jnp.where(active, num_new, 0)
+
+        def write(row_buffer, row_new, start, count):
+            window = jax.lax.dynamic_slice(row_buffer, (start,), (gamma + 1,))
+            window = jnp.where(slots < count, row_new, window)
+            return jax.lax.dynamic_update_slice(row_buffer, window, (start,))
+
+        buffer = jax.vmap(write)(state.buffer, new_tokens, n, num_new)
+        new_length = n + num_new
+        ended = active & ((first_eos < num_new) | (new_length - 1 >= limit))
+
+        # 5. Statistics of this iteration (zero for rows already done).
+        tested = jnp.minimum(jnp.minimum(n_accepted + 1, gamma), num_new)
+        accepted = jnp.minimum(n_accepted, num_new)
+        s = state.stats
+        stats = SpeculativeStats(
+            num_iterations=s.num_iterations + active,
+            num_draft_tokens=s.num_draft_tokens + tested,
+            num_accepted=s.num_accepted + accepted,
+            accept_histogram=s.accept_histogram
+            + (jax.nn.one_hot(accepted, gamma + 1, dtype=jnp.int32) * active[:, None]),
+            beta_sum=s.beta_sum + jnp.sum(jnp.where(slots[:gamma] < tested[:, None], beta, 0), 1),
+            num_beta=s.num_beta + tested,
+            num_generated=s.num_generated + num_new,
+        )
+        return _LoopState(
+            buffer=buffer,
+            length=new_length,
+            draft_behind=active & (n_accepted == gamma),
+            done=state.done | ended,
+            target_cache=tc,
+            draft_cache=dc,
+            rng=rng,
+            stats=stats,
+        )
+
+    final = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, init)
+    del vocab
+    return final.buffer[:, 1 : max_len + 1], final.stats
+
+
+def _check_vocab(target_fn, target_cache, draft_fn, draft_cache, batch, eos_id) -> int:
+    """Vocabulary size from the closures' output shapes (traced abstractly, no compute).
+
+    Raises:
+      ValueError: different vocabulary sizes, or eos_id outside [0, vocab).
+    """
+    tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
+    positions = jax.ShapeDtypeStruct((batch,), jnp.int32)
+    target_shape = jax.eval_shape(target_fn, tokens, positions, target_cache)[0].shape
+    draft_shape = jax.eval_shape(draft_fn, tokens, positions, draft_cache)[0].shape
+    if target_shape[-1] != draft_shape[-1]:
+        raise ValueError(
+            f"target and draft vocabularies differ: target logits {target_shape}, draft logits "
+            f"{draft_shape}; both models must share one vocabulary (same padded size)."
+        )
+    vocab = target_shape[-1]
+    if not 0 <= int(eos_id) < vocab:
+        raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab}).")
+    return vocab
