@@ -310,4 +310,3 @@ def _temperature_sample_single_trial(
     if state_callback_fn is not None:
         final = state_callback_fn(final)
     return final.sequences[:, 1:-1], final.log_prob  # drop BOS and garbage columns
-

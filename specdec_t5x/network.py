@@ -24,7 +24,7 @@ Cache layout per decoder layer (collection ``'cache'``)::
 
 Every cache leaf carries the batch axis first, so T5X-style `num_decodes` expansion works unchanged.
 The cache is created like T5X's: one `decode=True` apply with `mutable=['cache']` whose decoder inputs
-have the full `[batch, max_decode_len]` shape (see `models.EncoderDecoderModel.build_decoder_state`).
+have the full `[batch, max_decode_len]` shape (see `models.init_cache`).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class T5Config:
 # Relative position buckets (T5): exact integer tables built with NumPy at trace time.
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bucket_table(bidirectional: bool) -> np.ndarray:
     """Bucket of every relative distance n = query_pos - key_pos in [-MAX, MAX].
 
@@ -317,9 +317,7 @@ class DecoderLayer(nn.Module):
     config: T5Config
 
     @nn.compact
-    def __call__(
-        self, x, encoded, self_mask, cross_mask, bias, enable_dropout, decode, positions
-    ):
+    def __call__(self, x, encoded, self_mask, cross_mask, bias, enable_dropout, decode, positions):
         cfg = self.config
         drop = functools.partial(
             nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,)), deterministic=not enable_dropout
@@ -426,7 +424,9 @@ class Decoder(nn.Module):
             )
             key_positions = jnp.arange(_cache_len(self), dtype=jnp.int32)[None]
         else:
-            targets = decoder_input_tokens if decoder_target_tokens is None else decoder_target_tokens
+            targets = (
+                decoder_input_tokens if decoder_target_tokens is None else decoder_target_tokens
+            )
             valid = targets > 0 if not decode else jnp.ones_like(targets, bool)
             causal = positions[:, :, None] >= positions[:, None, :]
             self_mask = (causal & valid[:, :, None] & valid[:, None, :])[:, None]
@@ -434,9 +434,9 @@ class Decoder(nn.Module):
             if decoder_segment_ids is not None:
                 same = decoder_segment_ids[:, :, None] == decoder_segment_ids[:, None, :]
                 self_mask &= same[:, None]
-                cross_mask &= (
-                    decoder_segment_ids[:, :, None] == encoder_segment_ids[:, None, :]
-                )[:, None]
+                cross_mask &= (decoder_segment_ids[:, :, None] == encoder_segment_ids[:, None, :])[
+                    :, None
+                ]
             key_positions = positions
         bias = RelativePositionBiases(cfg.num_heads, False, cfg.dtype, name="relpos_bias")(
             positions, jnp.broadcast_to(key_positions, (positions.shape[0], key_positions.shape[1]))

@@ -226,9 +226,7 @@ def speculative_sample(
                 logits, dc = draft_tokens_to_logits(tokens, n - 1 - behind, dc)
                 return jnp.where(behind[:, None], logits[:, 1], logits[:, 0]), dc
 
-            return jax.lax.cond(
-                jnp.any(state.draft_behind & active), two_tokens, one_token, dc
-            )
+            return jax.lax.cond(jnp.any(state.draft_behind & active), two_tokens, one_token, dc)
 
         draft_keys = jax.random.split(draft_rng, gamma)
         logits0, dc = first_draft_call(state.draft_cache)
@@ -240,9 +238,7 @@ def speculative_sample(
             token, q = propose(logits[:, 0], draft_keys[j])
             return (token, dc), (token, q)
 
-        (_, dc), (rest_tokens, rest_q) = jax.lax.scan(
-            draft_step, (token, dc), jnp.arange(1, gamma)
-        )
+        (_, dc), (rest_tokens, rest_q) = jax.lax.scan(draft_step, (token, dc), jnp.arange(1, gamma))
         drafts = jnp.concatenate([token[:, None], rest_tokens.T], axis=1)  # [b, γ]
 
         # 2. One target call scores all γ + 1 prefixes (p_1..p_{γ+1}).

@@ -1,0 +1,50 @@
+"""Shared tiny fixtures: T5X's `tiny` config and random target/draft pairs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_t5x import network
+
+TINY = dict(
+    emb_dim=8,
+    num_heads=4,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    head_dim=3,
+    mlp_dim=16,
+    mlp_activations=("gelu", "linear"),
+    dropout_rate=0.0,
+)
+
+
+def tiny_config(vocab_size=32, **overrides) -> network.T5Config:
+    return network.T5Config(vocab_size=vocab_size, **{**TINY, **overrides})
+
+
+def init_params(module: network.Transformer, seed: int):
+    ones = jnp.ones((1, 4), jnp.int32)
+    return module.init(jax.random.PRNGKey(seed), ones, ones, ones, enable_dropout=False)["params"]
+
+
+def perturbed(params, scale: float, seed: int):
+    """params + scale * N(0, 1) noise: a draft that agrees with the target often, not always."""
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    noisy = [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    return jax.tree_util.tree_unflatten(treedef, noisy)
+
+
+def encoder_inputs(batch: int, length: int, lengths, vocab: int = 32, seed: int = 0):
+    """int32 [batch, length] random tokens in [3, vocab) with row b padded after lengths[b]."""
+    rng = np.random.RandomState(seed)
+    tokens = rng.randint(3, vocab, (batch, length))
+    tokens[np.arange(length)[None, :] >= np.asarray(lengths)[:, None]] = 0
+    return jnp.asarray(tokens, jnp.int32)
+
+
+@pytest.fixture(scope="session")
+def tiny_target():
+    module = network.Transformer(tiny_config())
+    return module, init_params(module, 1)
