@@ -84,6 +84,28 @@ class T5Config:
     logits_via_embedding: bool = False
     float32_attention_logits: bool = False
 
+    def __post_init__(self):
+        """Raises ValueError naming a bad field (e.g. a gin macro left as %gin.REQUIRED)."""
+        for name in (
+            "vocab_size",
+            "emb_dim",
+            "num_heads",
+            "num_encoder_layers",
+            "num_decoder_layers",
+            "head_dim",
+            "mlp_dim",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(f"T5Config.{name} must be a positive int; got {value!r}.")
+        if not isinstance(self.dropout_rate, int | float) or not 0 <= self.dropout_rate < 1:
+            raise ValueError(
+                f"T5Config.dropout_rate must be a float in [0, 1); got {self.dropout_rate!r} "
+                "(is a gin macro such as DROPOUT_RATE still %gin.REQUIRED?)."
+            )
+        if not self.mlp_activations:
+            raise ValueError("T5Config.mlp_activations must name at least one activation.")
+
 
 # ----------------------------------------------------------------------------------------------
 # Relative position buckets (T5): exact integer tables built with NumPy at trace time.

@@ -1,0 +1,52 @@
+"""Gin at the edges: the one module that imports gin (scripts and tests use it; library code never).
+
+Gin files live in the repository's `gin/` folder and use dynamic registration
+(`from __gin__ import dynamic_registration`), so library functions and classes are configured
+without decorators, as in T5X. Includes are relative to `gin/` (e.g.
+`include 'gin/models/t5_1_1_base.gin'`; the repository root and `gin/` are both search paths).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Sequence
+
+import gin
+
+GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
+
+
+def parse(gin_files: Sequence[str], bindings: Sequence[str] = (), finalize: bool = True) -> None:
+    """Parses gin files (paths, or names relative to `gin/`) and `KEY=VALUE` bindings.
+
+    Args:
+      gin_files: e.g. `['experiments/embedded_ende_model_t0.gin']`.
+      bindings: e.g. `['GAMMA=5', "TASK='ddtp_ende'"]`, applied after the files.
+      finalize: lock the config afterwards.
+
+    Raises:
+      FileNotFoundError: a gin file found neither as given nor under `gin/`.
+    """
+    gin.add_config_file_search_path(str(GIN_DIR.parent))
+    gin.add_config_file_search_path(str(GIN_DIR))
+    resolved = []
+    for name in gin_files:
+        path = pathlib.Path(name)
+        for root in (GIN_DIR.parent, GIN_DIR):
+            if not path.exists() and (root / name).exists():
+                path = root / name
+        if not path.exists():
+            raise FileNotFoundError(f"gin file {name!r} not found (also looked in {GIN_DIR}).")
+        resolved.append(str(path))
+    gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=finalize)
+
+
+@gin.configurable(module="gin_utils")
+def build(obj=gin.REQUIRED):
+    """Returns what gin binds to `obj` (`gin_utils.build.obj = %MODEL` builds the model)."""
+    return obj
+
+
+def operative_config() -> str:
+    """The operative gin config (what was actually used), to save next to results."""
+    return gin.operative_config_str()

@@ -1,0 +1,126 @@
+"""Text-quality metrics with T5's settings (`t5/evaluation/metrics.py`): BLEU and ROUGE.
+
+The paper reports speed and acceptance rates only; these metrics check that speculative decoding
+leaves quality unchanged (it must, by construction). sacrebleu and rouge_score (which pulls in
+nltk, ~1.5 s) are imported on first use so that importing this module stays cheap.
+"""
+
+from collections.abc import Sequence
+
+
+def bleu(
+    targets: Sequence[str] | Sequence[Sequence[str]],
+    predictions: Sequence[str],
+    tokenizer: str = "intl",
+) -> dict[str, float]:
+    """Computes BLEU score.
+
+    Corpus-level sacreBLEU with T5's settings: smooth_method="exp", smooth_value=0.0, force=False,
+    lowercase=False, use_effective_order=False.
+
+    Args:
+      targets: list of strings, or list of lists of strings (one list per example) if multiple
+        references are present.
+      predictions: list of strings, one per example.
+      tokenizer: tokenizer option for corpus_bleu ("intl", as T5; "13a" is sacreBLEU's default).
+
+    Returns:
+      {"bleu": bleu score (0-100) across all targets and predictions}.
+
+    Raises:
+      ValueError: targets and predictions differ in length.
+    """
+    import sacrebleu  # Lazy: see the module docstring.
+
+    if len(targets) != len(predictions):
+        raise ValueError(f"{len(targets)} targets but {len(predictions)} predictions")
+    if targets and not isinstance(targets[0], str):
+        references = [list(stream) for stream in zip(*targets, strict=True)]  # [refs, examples]
+    else:
+        references = [list(targets)]  # corpus_bleu wants one list per reference stream.
+    score = sacrebleu.corpus_bleu(
+        list(predictions),
+        references,
+        smooth_method="exp",
+        smooth_value=0.0,
+        force=False,
+        lowercase=False,
+        tokenize=tokenizer,
+        use_effective_order=False,
+    )
+    return {"bleu": score.score}
+
+
+def _prepare_summary(summary: str) -> str:
+    # Add newlines between sentences so that rougeLsum is computed correctly.
+    return summary.replace(" . ", " .\n")
+
+
+def rouge(
+    targets: Sequence[str],
+    predictions: Sequence[str],
+    score_keys: Sequence[str] = ("rouge1", "rouge2", "rougeLsum"),
+    **kwargs,
+) -> dict[str, float]:
+    """Computes rouge score nondeterministically using the bootstrap.
+
+    Args:
+      targets: list of strings.
+      predictions: list of strings.
+      score_keys: list of strings with the keys to compute.
+      **kwargs: additional keyword arguments for RougeScorer (e.g. use_stemmer=True).
+
+    Returns:
+      dict with score_key: rouge score (mid F-measure of the bootstrap, × 100) across all targets
+      and predictions.
+
+    Raises:
+      ValueError: targets and predictions differ in length.
+    """
+    from rouge_score import rouge_scorer, scoring  # Lazy: see the module docstring.
+
+    if len(targets) != len(predictions):
+        raise ValueError(f"{len(targets)} targets but {len(predictions)} predictions")
+    scorer = rouge_scorer.RougeScorer(rouge_types=list(score_keys), **kwargs)
+    aggregator = scoring.BootstrapAggregator()
+    for target, prediction in zip(targets, predictions, strict=True):
+        aggregator.add_scores(
+            scorer.score(target=_prepare_summary(target), prediction=_prepare_summary(prediction))
+        )
+    result = aggregator.aggregate()
+    return {key: result[key].mid.fmeasure * 100 for key in score_keys}
+
+
+def rouge_mean(
+    targets: Sequence[str],
+    predictions: Sequence[str],
+    score_keys: Sequence[str] = ("rouge1", "rouge2", "rougeLsum"),
+    **kwargs,
+) -> dict[str, float]:
+    """Computes rouge score deterministically (no bootstrap): the mean F-measure × 100.
+
+    Args:
+      targets: list of strings.
+      predictions: list of strings.
+      score_keys: list of strings with the keys to compute.
+      **kwargs: additional keyword arguments for RougeScorer.
+
+    Returns:
+      dict with score_key: mean rouge F-measure × 100 across all targets and predictions.
+
+    Raises:
+      ValueError: targets and predictions differ in length.
+    """
+    from rouge_score import rouge_scorer  # Lazy: see the module docstring.
+
+    if len(targets) != len(predictions):
+        raise ValueError(f"{len(targets)} targets but {len(predictions)} predictions")
+    scorer = rouge_scorer.RougeScorer(rouge_types=list(score_keys), **kwargs)
+    totals: dict[str, float] = {key: 0.0 for key in score_keys}
+    for target, prediction in zip(targets, predictions, strict=True):
+        scores = scorer.score(
+            target=_prepare_summary(target), prediction=_prepare_summary(prediction)
+        )
+        for key in score_keys:
+            totals[key] += scores[key].fmeasure
+    return {key: 100 * totals[key] / max(len(targets), 1) for key in score_keys}

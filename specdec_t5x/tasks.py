@@ -1,0 +1,208 @@
+"""seqio tasks for the Debian corpora and T5's paper tasks (the only import-time side effects).
+
+Importing this module registers
+
+* `ddtp_ende`: DDTP English → German sentence pairs (`specdec_t5x.data.build`); inputs
+  "translate English to German: " + en, targets de; metric BLEU.
+* `debian_summarize`: Debian long description → synopsis; inputs "summarize: " + document,
+  targets synopsis; metric ROUGE.
+* `wmt_t2t_ende_v003` and `cnn_dailymail_v002`: T5's WMT En→De and CNN/DailyMail tasks, as in
+  `t5/data/tasks.py`, over TFDS (`wmt_t2t_translate/de-en:1.0.0`, `cnn_dailymail:3.4.0`; neither is
+  downloadable from this project's machines, but the tasks work wherever TFDS has the data).
+
+All follow T5: preprocess, tokenize, `CacheDatasetPlaceholder`, `append_eos_after_trim`; `inputs`
+and `targets` with `add_eos=True` (`inputs` not required). The Debian tasks use the project
+vocabulary (`vocab.get_vocabulary()`), and read `$SPECDEC_DATA_DIR` (default
+`~/.cache/specdec_t5x/data`) when a dataset is created, not at import. T5's tasks use
+`$SPECDEC_T5_VOCAB` when set (e.g. a local copy of gs://t5-data/vocabs/cc_all.32000/
+sentencepiece.model, with T5's 100 extra ids), else the project vocabulary; or call
+`register_t5_paper_tasks(vocabulary)`. Registering again (re-import, `importlib.reload`) replaces
+the earlier definitions, including any made under the same names by `t5.data.tasks`.
+"""
+
+import functools
+import json
+import os
+import pathlib
+
+import seqio
+import tensorflow as tf
+
+from specdec_t5x import metrics, vocab
+from specdec_t5x.data import build
+
+DDTP_TASK = build.DDTP
+SUMMARIZE_TASK = build.SUMMARIZE
+WMT_TASK = "wmt_t2t_ende_v003"
+CNN_DM_TASK = "cnn_dailymail_v002"
+T5_VOCAB_ENV = "SPECDEC_T5_VOCAB"
+T5_PUBLIC_VOCAB = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
+# The string fields of each corpus' JSONL rows (see `specdec_t5x.data.build`).
+CORPUS_FIELDS = {
+    build.DDTP: ("en", "de", "kind", "package", "source"),
+    build.SUMMARIZE: ("document", "synopsis", "package", "source"),
+}
+# English names of languages, as T5 takes them from babel.
+_LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "ro": "Romanian"}
+
+
+def output_features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
+    """T5's output features: `inputs` (optional) and `targets`, both with EOS appended."""
+    return {
+        "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True, required=False),
+        "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True),
+    }
+
+
+@seqio.map_over_dataset
+def translate(x: dict, source_language: str, target_language: str) -> dict:
+    """T5's `translate`: "translate English to German: " + x[source] → x[target].
+
+    Args:
+      x: an example with string features named by language code ("en", "de").
+      source_language: code of the input language.
+      target_language: code of the output language.
+
+    Returns:
+      {"inputs": tf.string scalar, "targets": tf.string scalar}.
+    """
+    prefix = f"translate {_LANGUAGE_NAMES[source_language]} to {_LANGUAGE_NAMES[target_language]}: "
+    return {
+        "inputs": tf.strings.join([prefix, x[source_language]]),
+        "targets": x[target_language],
+    }
+
+
+@seqio.map_over_dataset
+def summarize(x: dict, article_key: str, summary_key: str) -> dict:
+    """T5's `summarize`: "summarize: " + x[article_key] → x[summary_key].
+
+    Args:
+      x: an example with string features `article_key` and `summary_key`.
+      article_key: feature holding the text to summarize.
+      summary_key: feature holding the reference summary.
+
+    Returns:
+      {"inputs": tf.string scalar, "targets": tf.string scalar}.
+    """
+    return {
+        "inputs": tf.strings.join(["summarize:", x[article_key]], separator=" "),
+        "targets": x[summary_key],
+    }
+
+
+def read_corpus(
+    corpus: str, split: str, shuffle_files: bool, seed: int | None = None
+) -> tf.data.Dataset:
+    """Reads one split of a built corpus from the data directory into a `tf.data.Dataset`.
+
+    The data directory is looked up now (`$SPECDEC_DATA_DIR` or its default), not at import. With
+    `shuffle_files` the whole split is shuffled (it fits in memory), not only a window of it.
+
+    Args:
+      corpus: `build.DDTP` or `build.SUMMARIZE`.
+      split: "train", "validation" or "test".
+      shuffle_files: whether to shuffle the rows (reshuffled every epoch).
+      seed: shuffle seed; None for a random one.
+
+    Returns:
+      Dataset of {field: tf.string scalar} for the fields in `CORPUS_FIELDS[corpus]`.
+
+    Raises:
+      FileNotFoundError: the corpora are not built.
+    """
+    path = pathlib.Path(build.default_data_dir()) / corpus / f"{split}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: build the corpora with `python -m specdec_t5x.data.build` "
+            "(or point SPECDEC_DATA_DIR at a built data directory)."
+        )
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    columns = {
+        field: tf.constant([row[field] for row in rows], dtype=tf.string)
+        for field in CORPUS_FIELDS[corpus]
+    }
+    dataset = tf.data.Dataset.from_tensor_slices(columns)
+    if shuffle_files:
+        dataset = dataset.shuffle(max(len(rows), 1), seed=seed, reshuffle_each_iteration=True)
+    return dataset
+
+
+def _add_task(name: str, **kwargs) -> seqio.Task:
+    seqio.TaskRegistry.remove(name)  # Safe to re-register (re-import, reload).
+    return seqio.TaskRegistry.add(name, **kwargs)
+
+
+def _preprocessors(preprocess) -> list:
+    return [
+        preprocess,
+        seqio.preprocessors.tokenize,
+        seqio.CacheDatasetPlaceholder(),
+        seqio.preprocessors.append_eos_after_trim,
+    ]
+
+
+def register_debian_tasks(vocabulary: seqio.Vocabulary | None = None) -> None:
+    """Registers `ddtp_ende` and `debian_summarize` (project vocabulary when None)."""
+    features = output_features(vocabulary or vocab.get_vocabulary())
+    _add_task(
+        DDTP_TASK,
+        source=seqio.FunctionDataSource(
+            functools.partial(read_corpus, build.DDTP), splits=build.SPLITS
+        ),
+        preprocessors=_preprocessors(
+            functools.partial(translate, source_language="en", target_language="de")
+        ),
+        output_features=features,
+        metric_fns=[metrics.bleu],
+    )
+    _add_task(
+        SUMMARIZE_TASK,
+        source=seqio.FunctionDataSource(
+            functools.partial(read_corpus, build.SUMMARIZE), splits=build.SPLITS
+        ),
+        preprocessors=_preprocessors(
+            functools.partial(summarize, article_key="document", summary_key="synopsis")
+        ),
+        output_features=features,
+        metric_fns=[metrics.rouge],
+    )
+
+
+def t5_vocabulary() -> seqio.Vocabulary:
+    """`$SPECDEC_T5_VOCAB` with T5's 100 extra ids when set, else the project vocabulary."""
+    path = os.environ.get(T5_VOCAB_ENV)
+    return vocab.get_vocabulary(path) if path else vocab.get_vocabulary()
+
+
+def register_t5_paper_tasks(vocabulary: seqio.Vocabulary | None = None) -> None:
+    """Registers T5's `wmt_t2t_ende_v003` and `cnn_dailymail_v002` (`t5_vocabulary()` when None).
+
+    Args:
+      vocabulary: e.g. `seqio.SentencePieceVocabulary(T5_PUBLIC_VOCAB, extra_ids=100)` where
+        gs://t5-data is reachable, to evaluate T5's released checkpoints.
+    """
+    features = output_features(vocabulary or t5_vocabulary())
+    _add_task(
+        WMT_TASK,
+        source=seqio.TfdsDataSource(tfds_name="wmt_t2t_translate/de-en:1.0.0"),
+        preprocessors=_preprocessors(
+            functools.partial(translate, source_language="en", target_language="de")
+        ),
+        output_features=features,
+        metric_fns=[metrics.bleu],
+    )
+    _add_task(
+        CNN_DM_TASK,
+        source=seqio.TfdsDataSource(tfds_name="cnn_dailymail:3.4.0"),
+        preprocessors=_preprocessors(
+            functools.partial(summarize, article_key="article", summary_key="highlights")
+        ),
+        output_features=features,
+        metric_fns=[metrics.rouge],
+    )
+
+
+register_debian_tasks()
+register_t5_paper_tasks()

@@ -1,0 +1,184 @@
+"""Tests for specdec_t5x.tasks and specdec_t5x.vocab (imports seqio, hence TensorFlow: ~10 s).
+
+Offline: the Debian tasks read a tiny data directory written here; the TFDS tasks run under
+`tfds.testing.mock_data`, with the source's example count patched to None (the mocked split info is
+empty, and seqio asks for it).
+"""
+
+import importlib
+import json
+
+import pytest
+import sentencepiece
+import seqio
+import tensorflow_datasets as tfds
+
+from specdec_t5x import tasks, vocab
+from specdec_t5x.data import build
+
+LENGTHS = {"inputs": 48, "targets": 24}
+DDTP_ROWS = [
+    {
+        "en": "This package contains the documentation.",
+        "de": "Dieses Paket enthält die Dokumentation.",
+    },
+    {"en": "It is fast.", "de": "Es ist schnell."},
+    {"en": "Widgets are frobnicated in place.", "de": "Widgets werden vor Ort frobniziert."},
+]
+SUMMARY_ROWS = [
+    {
+        "document": "Acme reads text files and counts the words in them. It is fast and small.",
+        "synopsis": "word counter",
+    },
+    {
+        "document": "Zed parses zed files. This package contains the library.",
+        "synopsis": "zed library",
+    },
+]
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """A data directory with both corpora: every split holds the same few rows."""
+    provenance = {"package": "acme", "source": "acmetools"}
+    for corpus, rows in ((build.DDTP, DDTP_ROWS), (build.SUMMARIZE, SUMMARY_ROWS)):
+        (tmp_path / corpus).mkdir()
+        for split in build.SPLITS:
+            lines = [
+                json.dumps({**row, **provenance, "kind": "sentence"}, ensure_ascii=False)
+                for row in rows
+            ]
+            (tmp_path / corpus / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _examples(task_name, split="validation"):
+    task = seqio.get_mixture_or_task(task_name)
+    dataset = task.get_dataset(sequence_length=LENGTHS, split=split, shuffle=False)
+    return list(dataset.as_numpy_iterator()), task.output_features["targets"].vocabulary
+
+
+def _check_tokenized(examples, vocabulary, prefix):
+    for ex in examples:
+        inputs_text = ex["inputs_pretokenized"].decode()
+        assert inputs_text.startswith(prefix)
+        for key in ("inputs", "targets"):
+            tokens = ex[key].tolist()
+            assert tokens[-1] == vocabulary.eos_id == 1
+            assert 1 not in tokens[:-1] and 0 not in tokens
+            assert len(tokens) <= LENGTHS[key]
+        if len(ex["inputs"]) < LENGTHS["inputs"]:  # Not trimmed: decodes back (spaces normalised).
+            assert vocabulary.decode(ex["inputs"][:-1].tolist()) == " ".join(inputs_text.split())
+
+
+def test_ddtp_task(data_dir):
+    examples, vocabulary = _examples(tasks.DDTP_TASK)
+    _check_tokenized(examples, vocabulary, "translate English to German: ")
+    assert [ex["inputs_pretokenized"].decode() for ex in examples] == [
+        "translate English to German: " + row["en"] for row in DDTP_ROWS
+    ]
+    assert [ex["targets_pretokenized"].decode() for ex in examples] == [r["de"] for r in DDTP_ROWS]
+    assert seqio.get_mixture_or_task(tasks.DDTP_TASK).metric_fns[0] is tasks.metrics.bleu
+
+
+def test_summarize_task_through_feature_converter(data_dir):
+    examples, vocabulary = _examples(tasks.SUMMARIZE_TASK, split="test")
+    _check_tokenized(examples, vocabulary, "summarize: ")
+    assert (
+        examples[0]["inputs_pretokenized"].decode() == "summarize: " + SUMMARY_ROWS[0]["document"]
+    )
+    assert [ex["targets_pretokenized"].decode() for ex in examples] == [
+        "word counter",
+        "zed library",
+    ]
+
+    dataset = seqio.get_dataset(
+        tasks.SUMMARIZE_TASK,
+        task_feature_lengths=LENGTHS,
+        dataset_split="train",
+        shuffle=True,
+        seed=0,
+        feature_converter=seqio.EncDecFeatureConverter(pack=False),
+    )
+    batch = list(dataset.as_numpy_iterator())
+    assert len(batch) == len(SUMMARY_ROWS)
+    for ex in batch:
+        assert ex["decoder_input_tokens"][0] == 0  # T5's decoder start id is pad.
+        assert ex["encoder_input_tokens"].shape == (LENGTHS["inputs"],)
+
+
+def test_data_dir_is_read_lazily(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path / "missing"))
+    importlib.reload(tasks)  # Registering again is safe and reads no data.
+    task = seqio.get_mixture_or_task(tasks.DDTP_TASK)
+    with pytest.raises(FileNotFoundError, match="specdec_t5x.data.build"):
+        task.get_dataset(sequence_length=LENGTHS, split="train")
+
+
+@pytest.fixture
+def mocked_tfds(monkeypatch):
+    monkeypatch.setattr(seqio.TfdsDataSource, "num_input_examples", lambda self, split: None)
+    with tfds.testing.mock_data(num_examples=3):
+        yield
+
+
+@pytest.mark.parametrize(
+    "task_name, prefix",
+    [(tasks.WMT_TASK, "translate English to German: "), (tasks.CNN_DM_TASK, "summarize: ")],
+)
+def test_t5_paper_tasks_on_mock_tfds(mocked_tfds, task_name, prefix):
+    examples, vocabulary = _examples(task_name)
+    assert len(examples) == 3
+    _check_tokenized(examples, vocabulary, prefix)
+    dataset = seqio.get_dataset(
+        task_name,
+        task_feature_lengths=LENGTHS,
+        dataset_split="validation",
+        shuffle=False,
+        feature_converter=seqio.EncDecFeatureConverter(pack=False),
+    )
+    assert len(list(dataset.as_numpy_iterator())) == 3
+
+
+def test_t5_vocabulary_from_env(monkeypatch):
+    monkeypatch.setenv(tasks.T5_VOCAB_ENV, "/somewhere/cc_all.32000/sentencepiece.model")
+    vocabulary = tasks.t5_vocabulary()
+    assert vocabulary.sentencepiece_model_file == "/somewhere/cc_all.32000/sentencepiece.model"
+    assert vocabulary.extra_ids == 100
+    monkeypatch.delenv(tasks.T5_VOCAB_ENV)
+    assert tasks.t5_vocabulary().sentencepiece_model_file == str(vocab.DEFAULT_VOCAB_PATH)
+
+
+def _check_special_ids(vocabulary, pieces):
+    assert (vocabulary.pad_id, vocabulary.eos_id, vocabulary.unk_id) == (0, 1, 2)
+    assert vocabulary.vocab_size == pieces + 100
+    assert vocabulary.encode("<extra_id_0>") == [pieces + 99]  # Sentinels at the top, reversed.
+    assert vocabulary.decode([pieces]) == "<extra_id_99>"
+    assert vocab.model_vocab_size(vocabulary) % 128 == 0
+    assert vocab.model_vocab_size(vocabulary) - vocabulary.vocab_size < 128
+
+
+def test_train_vocabulary_on_fixture(data_dir, tmp_path):
+    path = vocab.train_vocabulary(
+        data_dir, tmp_path / "tiny.model", vocab_size=300, hard_vocab_limit=False
+    )
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
+    assert [processor.id_to_piece(i) for i in range(3)] == ["<pad>", "</s>", "<unk>"]
+    assert processor.bos_id() == -1
+    assert (tmp_path / "tiny.vocab").read_text().startswith("<pad>\t0\n</s>\t0\n<unk>\t0\n")
+    vocabulary = vocab.get_vocabulary(path)
+    _check_special_ids(vocabulary, processor.get_piece_size())
+    text = "Dieses Paket enthält die Dokumentation."
+    assert vocabulary.decode(vocabulary.encode(text)) == text
+    with pytest.raises(ValueError, match=".model"):
+        vocab.train_vocabulary(data_dir, tmp_path / "tiny.spm")
+
+
+def test_shipped_vocabulary():
+    vocabulary = vocab.get_vocabulary()
+    _check_special_ids(vocabulary, vocab.VOCAB_SIZE)
+    assert vocab.model_vocab_size(vocabulary) == 8192
+    for text in ("Größe und Übersetzung: »Zitat«.", "The quick brown fox jumps over the lazy dog."):
+        assert vocabulary.decode(vocabulary.encode(text)) == text
+    assert vocabulary.unk_id not in vocabulary.encode("Straße, Äpfel, Öl, über 100 €")
