@@ -9,6 +9,7 @@ without decorators, as in T5X. Includes are relative to `gin/` (e.g.
 from __future__ import annotations
 
 import pathlib
+import re
 from collections.abc import Sequence
 
 import gin
@@ -26,6 +27,7 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (), finalize: bool
 
     Raises:
       FileNotFoundError: a gin file found neither as given nor under `gin/`.
+      ValueError: a macro is still `%gin.REQUIRED` after parsing (the message names it).
     """
     gin.add_config_file_search_path(str(GIN_DIR.parent))
     gin.add_config_file_search_path(str(GIN_DIR))
@@ -38,7 +40,23 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (), finalize: bool
         if not path.exists():
             raise FileNotFoundError(f"gin file {name!r} not found (also looked in {GIN_DIR}).")
         resolved.append(str(path))
-    gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=finalize)
+    gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
+    missing = missing_required_macros()
+    if missing:
+        raise ValueError(
+            "required gin macro(s) not set: "
+            + ", ".join(missing)
+            + " (set them in a gin file or with --gin.NAME=VALUE, e.g. "
+            + f"--gin.{missing[0]}=...)."
+        )
+    if finalize:
+        gin.finalize()
+
+
+def missing_required_macros() -> list[str]:
+    """Names of macros still bound to `%gin.REQUIRED` in the parsed config."""
+    pattern = re.compile(r"^(\w+) = %gin\.REQUIRED$", re.MULTILINE)
+    return sorted(set(pattern.findall(gin.config_str())))
 
 
 @gin.configurable(module="gin_utils")

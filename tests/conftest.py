@@ -1,11 +1,14 @@
 """Shared tiny fixtures: T5X's `tiny` config and random target/draft pairs."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from specdec_t5x import network
+from specdec_t5x.data import build
 
 TINY = dict(
     emb_dim=8,
@@ -48,3 +51,39 @@ def encoder_inputs(batch: int, length: int, lengths, vocab: int = 32, seed: int 
 def tiny_target():
     module = network.Transformer(tiny_config())
     return module, init_params(module, 1)
+
+
+DDTP_ROWS = [
+    {
+        "en": "This package contains the documentation.",
+        "de": "Dieses Paket enthält die Dokumentation.",
+    },
+    {"en": "It is fast.", "de": "Es ist schnell."},
+    {"en": "Widgets are frobnicated in place.", "de": "Widgets werden vor Ort frobniziert."},
+]
+SUMMARY_ROWS = [
+    {
+        "document": "Acme reads text files and counts the words in them. It is fast and small.",
+        "synopsis": "word counter",
+    },
+    {
+        "document": "Zed parses zed files. This package contains the library.",
+        "synopsis": "zed library",
+    },
+]
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """A data directory with both corpora: every split holds the same few rows."""
+    provenance = {"package": "acme", "source": "acmetools"}
+    for corpus, rows in ((build.DDTP, DDTP_ROWS), (build.SUMMARIZE, SUMMARY_ROWS)):
+        (tmp_path / corpus).mkdir()
+        for split in build.SPLITS:
+            lines = [
+                json.dumps({**row, **provenance, "kind": "sentence"}, ensure_ascii=False)
+                for row in rows
+            ]
+            (tmp_path / corpus / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
+    return tmp_path

@@ -6,51 +6,16 @@ empty, and seqio asks for it).
 """
 
 import importlib
-import json
 
 import pytest
 import sentencepiece
 import seqio
 import tensorflow_datasets as tfds
+from conftest import DDTP_ROWS, SUMMARY_ROWS
 
 from specdec_t5x import tasks, vocab
-from specdec_t5x.data import build
 
 LENGTHS = {"inputs": 48, "targets": 24}
-DDTP_ROWS = [
-    {
-        "en": "This package contains the documentation.",
-        "de": "Dieses Paket enthält die Dokumentation.",
-    },
-    {"en": "It is fast.", "de": "Es ist schnell."},
-    {"en": "Widgets are frobnicated in place.", "de": "Widgets werden vor Ort frobniziert."},
-]
-SUMMARY_ROWS = [
-    {
-        "document": "Acme reads text files and counts the words in them. It is fast and small.",
-        "synopsis": "word counter",
-    },
-    {
-        "document": "Zed parses zed files. This package contains the library.",
-        "synopsis": "zed library",
-    },
-]
-
-
-@pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    """A data directory with both corpora: every split holds the same few rows."""
-    provenance = {"package": "acme", "source": "acmetools"}
-    for corpus, rows in ((build.DDTP, DDTP_ROWS), (build.SUMMARIZE, SUMMARY_ROWS)):
-        (tmp_path / corpus).mkdir()
-        for split in build.SPLITS:
-            lines = [
-                json.dumps({**row, **provenance, "kind": "sentence"}, ensure_ascii=False)
-                for row in rows
-            ]
-            (tmp_path / corpus / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-    monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
-    return tmp_path
 
 
 def _examples(task_name, split="validation"):

@@ -1,0 +1,99 @@
+"""The main job end to end on the tiny random pair, and the gin experiment files."""
+
+import json
+import pathlib
+
+import gin
+import jax.numpy as jnp
+import pytest
+from conftest import init_params, perturbed, tiny_config
+
+from specdec_t5x import drafts, evaluation, gin_utils, models, network, vocab
+
+REQUIRED_KEYS = (
+    "task split num_examples gamma temperature topk topp draft speedup alpha_counted alpha_beta "
+    "c_measured verify_cost_ratio tokens_per_iteration predicted_speedup_thm38 identical_fraction "
+    "baseline_tokens_per_s speculative_tokens_per_s quality hardware commit command"
+).split()
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    vocabulary = vocab.get_vocabulary()
+    module = network.Transformer(tiny_config(vocab_size=vocab.model_vocab_size(vocabulary)))
+    params = init_params(module, 3)
+    draft = drafts.T5Draft(module, perturbed(params, 0.05, 4))
+    return models.SpeculativeEncoderDecoderModel(module, draft, vocabulary, vocabulary), params
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, temperature):
+    spec_model, params = tiny_pair
+    out = tmp_path / "out"
+    metrics = evaluation.evaluate(
+        spec_model,
+        params,
+        "ddtp_ende",
+        str(out),
+        gamma=3,
+        gammas=[1],
+        temperature=temperature,
+        num_examples=3,
+        input_len=32,
+        target_len=12,
+        cost_repeats=3,
+        draft_name="perturbed-tiny",
+    )
+    written = json.loads((out / "metrics.json").read_text())
+    for key in REQUIRED_KEYS:
+        assert key in written, key
+    assert written["num_examples"] == 3
+    assert set(written["quality"]) == {"baseline", "speculative"}
+    assert "bleu" in written["quality"]["baseline"]
+    assert written["compilations_during_timing"] == 0  # timing excludes compilation
+    assert set(written["gamma_sweep"]) == {"1", "3"}
+    assert written["tokens_per_iteration"] > 1.0  # fewer target calls than tokens
+    if temperature == 0.0:
+        assert metrics["identical_fraction"] == 1.0 or all(
+            r["top2_logit_gap"] < 1e-3 for r in metrics["near_ties"]
+        )
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and {"input", "baseline", "speculative", "stats"} <= set(rows[0])
+    assert (out / "speedup.png").stat().st_size > 0
+    assert "| ddtp_ende | perturbed-tiny |" in (out / "table_row.md").read_text()
+
+
+def test_near_tie_report_names_position_and_gap(tiny_pair):
+    spec_model, params = tiny_pair
+    enc = jnp.asarray([5, 6, 7, 1] + [0] * 4, jnp.int32)
+    base = jnp.asarray([9, 9, 9, 1, 0, 0], jnp.int32)
+    other = base.at[2].set(10)
+    report = evaluation.near_tie_report(spec_model.module, params, enc, base, other)
+    assert report["position"] == 2 and report["speculative_token"] == 10
+    assert report["top2_logit_gap"] >= 0.0
+
+
+EXPERIMENTS = sorted(
+    str(p.relative_to(gin_utils.GIN_DIR.parent))
+    for p in (gin_utils.GIN_DIR / "experiments").glob("*.gin")
+)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_gin_parses_or_names_the_missing_macro(name):
+    gin.clear_config(clear_constants=True)
+    text = pathlib.Path(gin_utils.GIN_DIR.parent / name).read_text()
+    try:
+        if "%gin.REQUIRED" in text or "paper_" in name:
+            with pytest.raises(ValueError, match="CHECKPOINT"):
+                gin_utils.parse(["gin/runs/eval.gin", name], [], finalize=False)
+        else:
+            gin_utils.parse(["gin/runs/eval.gin", name], [], finalize=False)
+            for macro in ("TASK", "GAMMA", "TEMPERATURE", "EVAL_OUTPUT_DIR", "DRAFT_NAME"):
+                gin.query_parameter(f"%{macro}")
+    finally:
+        gin.clear_config(clear_constants=True)
+
+
+def test_experiment_files_exist():
+    assert len(EXPERIMENTS) >= 8
