@@ -21,6 +21,7 @@ Exactness never depends on the draft: speculative sampling only needs the q it s
 from __future__ import annotations
 
 import collections
+import pathlib
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -115,15 +116,14 @@ class BigramDraft:
 
         def step(tokens, positions, cache):
             del positions
-            base = log_backoff[tokens][..., None] + unigram  # [b, k, V]
+            probs = jnp.exp(log_backoff[tokens][..., None] + unigram)  # [b, k, V] backoff share
             ids = params["successor_ids"][tokens]  # [b, k, top]
-            succ = params["successor_log_probs"][tokens]  # [b, k, top]
-            current = jnp.take_along_axis(base, ids, axis=-1)
-            combined = jnp.logaddexp(current, succ)  # bigram mass on top of the backoff share
+            succ = jnp.exp(params["successor_log_probs"][tokens])  # [b, k, top]; unused slots 0
             b, k = tokens.shape
             bi = jnp.arange(b)[:, None, None]
             ki = jnp.arange(k)[None, :, None]
-            return base.at[bi, ki, ids].set(combined), cache
+            probs = probs.at[bi, ki, ids].add(succ)  # add (not set): duplicate ids stay correct
+            return jnp.log(probs), cache
 
         return _no_cache(encoder_input_tokens.shape[0]), step
 
@@ -179,9 +179,47 @@ def fit_ngram_drafts(
         kept = sum(c for _, c in counter.most_common(top))
         log_backoff[prev] = np.log((1 - lam) + lam * (total - kept) / total)
     # Unused successor slots point at token 0 with no extra mass.
-    backoff = np.stack([np.log(unigram), log_backoff]).astype(np.float32)
+    with np.errstate(divide="ignore"):  # unigram_floor=0 leaves unseen tokens at log 0 = -inf
+        log_unigram = np.log(unigram)
+    backoff = np.stack([log_unigram, log_backoff]).astype(np.float32)
     succ = np.maximum(succ, -1e30).astype(np.float32)
-    return UnigramDraft(np.log(unigram)), BigramDraft(ids, succ, backoff)
+    return UnigramDraft(log_unigram), BigramDraft(ids, succ, backoff)
+
+
+ASSETS = pathlib.Path(__file__).resolve().parent / "assets" / "models"
+
+
+def save_ngram_drafts(path, unigram: UnigramDraft, bigram: BigramDraft) -> None:
+    """Writes both n-gram drafts to one compressed `.npz` file."""
+    arrays = {"unigram_log_probs": unigram.params["log_probs"]}
+    arrays.update({f"bigram_{k}": v for k, v in bigram.params.items()})
+    np.savez_compressed(path, **{k: np.asarray(v) for k, v in arrays.items()})
+
+
+def load_ngram_draft(kind: str, name: str = "ngram_ende", path=None):
+    """Loads a shipped (or saved) n-gram draft.
+
+    Args:
+      kind: 'unigram' or 'bigram'.
+      name: asset folder under `specdec_t5x/assets/models/` holding `ngram.npz`.
+      path: explicit `.npz` path (overrides `name`).
+
+    Raises:
+      ValueError: unknown kind. FileNotFoundError: no such file.
+    """
+    path = pathlib.Path(path) if path else ASSETS / name / "ngram.npz"
+    if not path.exists():
+        raise FileNotFoundError(f"n-gram draft file {path} not found (scripts/fit_ngram_drafts.py).")
+    data = np.load(path)
+    if kind == "unigram":
+        return UnigramDraft(data["unigram_log_probs"])
+    if kind == "bigram":
+        return BigramDraft(
+            data["bigram_successor_ids"],
+            data["bigram_successor_log_probs"],
+            data["bigram_backoff_log_probs"],
+        )
+    raise ValueError(f"kind must be 'unigram' or 'bigram'; got {kind!r}.")
 
 
 class SourceCopyDraft:
