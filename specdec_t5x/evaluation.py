@@ -522,6 +522,12 @@ def table_row(m: dict[str, Any]) -> str:
     )
 
 
+def results_table(metrics_files: Sequence[str | os.PathLike]) -> str:
+    """Markdown table (Table 2 shape) of several runs' `metrics.json`, in the given order."""
+    rows = [table_row(json.loads(pathlib.Path(f).read_text())) for f in metrics_files]
+    return "\n".join([TABLE_HEADER, *rows])
+
+
 def _write_outputs(out_dir, metrics, runs, gammas, gamma, examples, vocabulary, eos_id, config):
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=float) + "\n")
     (out_dir / "table_row.md").write_text(TABLE_HEADER + "\n" + table_row(metrics) + "\n")

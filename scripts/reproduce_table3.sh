@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Table 3 for the embedded target: α per draft (unigram, bigram, T5 draft, source-copy) at
+# T ∈ {0, 1} on the DDTP En→De test split (speed is reported too).
+#
+#   bash scripts/reproduce_table3.sh        # NUM_EXAMPLES=200, writes results/table3/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NUM_EXAMPLES=${NUM_EXAMPLES:-200}
+OUT=${OUT:-results/table3}
+rows=()
+for draft in unigram bigram model source_copy; do
+  for t in 0 1; do
+    .venv/bin/python -m specdec_t5x.eval \
+      --gin_file=gin/experiments/embedded_ende_${draft}_t$t.gin \
+      --gin.NUM_EXAMPLES=$NUM_EXAMPLES \
+      --gin.EVAL_OUTPUT_DIR="'$OUT/embedded_ende_${draft}_t$t'"
+    rows+=("$OUT/embedded_ende_${draft}_t$t")
+  done
+done
+.venv/bin/python scripts/summarize_results.py "${rows[@]}" --out "$OUT/table.md"

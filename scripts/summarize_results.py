@@ -1,0 +1,38 @@
+"""Prints (and optionally writes) one Table-2-shaped markdown table of eval runs.
+
+  python scripts/summarize_results.py RESULTS_DIR [RESULTS_DIR ...] [--out table.md]
+
+Each RESULTS_DIR is an eval output folder holding metrics.json (or a parent of several).
+"""
+
+import argparse
+import json
+import pathlib
+
+from specdec_t5x import evaluation
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("dirs", nargs="+")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    files = []
+    for d in map(pathlib.Path, args.dirs):
+        files += (
+            [d / "metrics.json"]
+            if (d / "metrics.json").exists()
+            else sorted(d.glob("*/metrics.json"))
+        )
+    if not files:
+        raise SystemExit(f"no metrics.json under {args.dirs}")
+    table = evaluation.results_table(files)
+    first = json.loads(files[0].read_text())
+    footer = f"\nHardware: {first['hardware']}; commit {first['commit']}; {first['date']}."
+    print(table + footer)
+    if args.out:
+        pathlib.Path(args.out).write_text(table + "\n" + footer + "\n")
+
+
+if __name__ == "__main__":
+    main()
