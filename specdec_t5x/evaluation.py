@@ -38,8 +38,18 @@ import tqdm
 from specdec_t5x import models, sampling, speculative, theory
 
 
-def load_examples(task_name: str, split: str, num_examples: int, input_len: int, target_len: int):
+def load_examples(
+    task_name: str,
+    split: str,
+    num_examples: int,
+    input_len: int,
+    target_len: int,
+    vocabulary=None,
+):
     """Tokenised examples of a registered seqio task (T5's preprocessing, EOS appended).
+
+    T5's paper tasks (`wmt_t2t_ende_v003`, `cnn_dailymail_v002`) are re-registered with
+    `vocabulary` (the model's, from gin) when given, so tokeniser and model always agree.
 
     Returns:
       list of dicts with `inputs` / `targets` int32 NumPy arrays (unpadded, <= the lengths) and
@@ -50,8 +60,10 @@ def load_examples(task_name: str, split: str, num_examples: int, input_len: int,
     """
     import seqio
 
-    from specdec_t5x import tasks  # noqa: F401  (registers the tasks)
+    from specdec_t5x import tasks  # registers the tasks
 
+    if vocabulary is not None and task_name in (tasks.WMT_TASK, tasks.CNN_DM_TASK):
+        tasks.register_t5_paper_tasks(vocabulary)
     task = seqio.get_mixture_or_task(task_name)
     ds = task.get_dataset(
         {"inputs": input_len, "targets": target_len},
@@ -318,8 +330,10 @@ def evaluate(
     draft_params = spec_model.draft.params if draft_params is None else draft_params
     out_dir = pathlib.Path(output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    examples, seqio_task = load_examples(task, split, num_examples, input_len, target_len)
     vocabulary = spec_model.output_vocabulary
+    examples, seqio_task = load_examples(
+        task, split, num_examples, input_len, target_len, vocabulary
+    )
     eos_id = spec_model.eos_id
     baseline = models.EncoderDecoderModel(spec_model.module, vocabulary, vocabulary)
     settings = {"temperature": temperature, "topk": topk, "topp": topp}

@@ -97,3 +97,55 @@ def test_experiment_gin_parses_or_names_the_missing_macro(name):
 
 def test_experiment_files_exist():
     assert len(EXPERIMENTS) >= 8
+
+
+TINY_SIZE_BINDINGS = [
+    f"{scope}network.T5Config.{k} = {v}"
+    for scope in ("", "draft/")
+    for k, v in dict(
+        emb_dim=8, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, head_dim=3, mlp_dim=16
+    ).items()
+]
+
+
+def test_paper_row_end_to_end_on_synthetic_checkpoints_and_mock_tfds(tmp_path, monkeypatch):
+    """The paper path: XXL-row gin file (shrunk to tiny sizes), T5X checkpoints on disk, WMT via TFDS
+    mock data, the T5 vocabulary path bound in gin."""
+    import seqio
+    import tensorflow_datasets as tfds
+
+    from specdec_t5x import checkpoints, eval as eval_main
+
+    cfg = tiny_config(vocab_size=32128, dtype="bfloat16")
+    module = network.Transformer(cfg)
+    target, draft = init_params(module, 11), perturbed(init_params(module, 11), 0.02, 1)
+    checkpoints.save_t5x_checkpoint(target, tmp_path / "target", 1000)
+    checkpoints.save_t5x_checkpoint(draft, tmp_path / "draft", 1000, layout="state")
+    monkeypatch.setattr(seqio.TfdsDataSource, "num_input_examples", lambda self, split: None)
+    out = tmp_path / "out"
+    bindings = [
+        *TINY_SIZE_BINDINGS,
+        f"TARGET_CHECKPOINT = '{tmp_path / 'target'}'",
+        f"DRAFT_CHECKPOINT = '{tmp_path / 'draft'}'",
+        f"VOCAB_PATH = '{vocab.DEFAULT_VOCAB_PATH}'",
+        f"EVAL_OUTPUT_DIR = '{out}'",
+        "NUM_EXAMPLES = 2",
+        "INPUT_LEN = 24",
+        "TARGET_LEN = 8",
+        "GAMMAS = [2]",
+    ]
+    gin.clear_config(clear_constants=True)
+    try:
+        with tfds.testing.mock_data(num_examples=2):
+            metrics = eval_main.main(
+                ["--gin_file=gin/experiments/paper_ende_small_t0.gin"]
+                + [f"--gin.{b.replace(' = ', '=')}" for b in bindings]
+            )
+    finally:
+        gin.clear_config(clear_constants=True)
+    assert metrics["task"] == "wmt_t2t_ende_v003" and metrics["draft"] == "T5-small"
+    assert metrics["num_examples"] == 2 and metrics["gamma"] == 7
+    assert metrics["identical_fraction"] == 1.0 or all(
+        r["top2_logit_gap"] < 1e-3 for r in metrics["near_ties"]
+    )
+    assert (out / "operative_config.gin").read_text().count("TARGET_CHECKPOINT") >= 1
