@@ -114,7 +114,8 @@ def test_paper_row_end_to_end_on_synthetic_checkpoints_and_mock_tfds(tmp_path, m
     import seqio
     import tensorflow_datasets as tfds
 
-    from specdec_t5x import checkpoints, eval as eval_main
+    from specdec_t5x import checkpoints
+    from specdec_t5x import eval as eval_main
 
     cfg = tiny_config(vocab_size=32128, dtype="bfloat16")
     module = network.Transformer(cfg)
