@@ -13,7 +13,7 @@ import time
 import numpy as np
 import seqio
 
-from specdec_t5x import drafts, evaluation, tasks, vocab  # noqa: F401  (tasks registers)
+from specdec_t5x import benchmark, drafts, tasks, vocab  # noqa: F401  (tasks registers)
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
         "vocab_size": size,
         "command": "python scripts/fit_ngram_drafts.py "
         + " ".join(f"--{k}={v}" for k, v in vars(args).items()),
-        "commit": evaluation.git_commit(),
+        "commit": benchmark.git_commit(),
         "date": time.strftime("%Y-%m-%d"),
     }
     (out / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")

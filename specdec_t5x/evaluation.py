@@ -23,8 +23,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -35,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from specdec_t5x import models, sampling, speculative, theory
+from specdec_t5x import benchmark, models, sampling, speculative, theory
 
 
 def load_examples(
@@ -126,52 +124,41 @@ def measure_step_costs(
     position: int = 8,
     repeats: int = 30,
 ) -> dict[str, float]:
-    """Median seconds of one cached target step, one draft step and one γ+1 verify step.
+    """c and the verify-cost ratio of this run's target and draft, on the same positions.
 
-    All three run at decoder position `position` on caches built from `encoder_input_tokens`
-    (int32 [batch, enc_len]); calls are interleaved and compiled first.
+    One cached target step, one draft step and one γ+1 verify step at decoder position
+    `position`, caches built from `encoder_input_tokens` (int32 [batch, enc_len]); timed by
+    `benchmark.time_decoder_steps` (compiled first, interleaved, medians, caches donated).
 
     Returns:
-      {'target_step_s', 'draft_step_s', 'verify_step_s', 'c', 'verify_cost_ratio'} where
-      c = draft step / target step (the paper's c) and verify_cost_ratio = verify step / target
-      step (the paper assumes ~1).
+      {'target_step_ms', 'draft_step_ms', 'verify_step_ms', their IQRs, 'c' (draft step / target
+      step, the paper's c), 'verify_cost_ratio' (verify step / target step; the paper assumes ~1)}.
     """
     enc = jnp.asarray(encoder_input_tokens)
-    batch = enc.shape[0]
     module, draft = spec_model.module, spec_model.draft
     target_cache = jax.jit(lambda tp, e: spec_model.decoder_state(tp, e, max_decode_len)[0])(
         target_params, enc
     )
     draft_cache = jax.jit(lambda dp, e: draft.prepare(dp, e, max_decode_len)[0])(draft_params, enc)
 
-    @jax.jit
-    def target_step(tp, e, cache, tokens, pos):
-        return models.make_block_step(module, tp, e)(tokens, pos, cache)[0]
+    def target_step(tp, e, tokens, pos, cache):
+        return models.make_block_step(module, tp, e)(tokens, pos, cache)
 
-    @jax.jit
-    def draft_step(dp, e, cache, tokens, pos):
-        return draft.prepare(dp, e, max_decode_len)[1](tokens, pos, cache)[0]
+    def draft_step(dp, e, tokens, pos, cache):
+        return draft.prepare(dp, e, max_decode_len)[1](tokens, pos, cache)
 
-    pos = jnp.full((batch,), position, jnp.int32)
-    one = jnp.full((batch, 1), 3, jnp.int32)
-    block = jnp.full((batch, gamma + 1), 3, jnp.int32)
-    calls = {
-        "target_step_s": lambda: target_step(target_params, enc, target_cache, one, pos),
-        "draft_step_s": lambda: draft_step(draft_params, enc, draft_cache, one, pos),
-        "verify_step_s": lambda: target_step(target_params, enc, target_cache, block, pos),
-    }
-    times = {k: [] for k in calls}
-    for fn in calls.values():  # compile + warm up
-        jax.block_until_ready(fn())
-        jax.block_until_ready(fn())
-    names = list(calls)
-    for r in range(repeats):
-        for k in names[r % 3 :] + names[: r % 3]:  # rotate the order
-            times[k].append(_timed(calls[k])[1])
-    out = {k: float(np.median(v)) for k, v in times.items()}
-    out["c"] = out["draft_step_s"] / out["target_step_s"]
-    out["verify_cost_ratio"] = out["verify_step_s"] / out["target_step_s"]
-    return out
+    return benchmark.time_decoder_steps(
+        jax.jit(target_step, donate_argnums=(4,)),
+        (target_params, enc),
+        target_cache,
+        jax.jit(draft_step, donate_argnums=(4,)),
+        (draft_params, enc),
+        draft_cache,
+        batch=enc.shape[0],
+        position=min(position, max_decode_len - gamma - 1),
+        gamma=gamma,
+        repeats=repeats,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -220,35 +207,13 @@ def near_tie_report(module, target_params, encoder_input_tokens, baseline, specu
 
 
 def hardware_description() -> str:
-    """CPU model, cores and JAX devices, e.g. 'Intel Xeon ... (2 cores); jax cpu x1'."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                cpu = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    devices = jax.devices()
-    kinds = sorted({d.device_kind for d in devices})
-    return f"{cpu} ({os.cpu_count()} cores); jax {jax.__version__} {devices[0].platform} x{len(devices)} ({', '.join(kinds)})"
-
-
-def git_commit() -> str:
-    """HEAD commit of the repository holding this package, '+dirty' if it has local changes."""
-    root = pathlib.Path(__file__).resolve().parents[1]
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """One line: CPU model, cores, JAX devices and load average (from `benchmark.hardware_info`)."""
+    hw = benchmark.hardware_info()
+    load = ", ".join(f"{x:.1f}" for x in hw["load_average"])
+    return (
+        f"{hw['cpu_model']} ({hw['nproc']} cores); jax {hw['jax_version']} "
+        f"{', '.join(hw['jax_devices'])}; load average {load}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -438,7 +403,7 @@ def evaluate(
         compilations_during_timing=compiles.count,
         max_near_tie_gap=max((r["top2_logit_gap"] for r in near_ties), default=None),
         hardware=hardware_description(),
-        commit=git_commit(),
+        commit=benchmark.git_commit(pathlib.Path(__file__).resolve().parents[1]),
         command=command or " ".join(sys.argv),
         date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     )

@@ -39,6 +39,10 @@ def test_model_gin_files_exist():
 
 @pytest.mark.parametrize("name", MODEL_FILES)
 def test_t5_model_gin_builds(name):
+    if name.endswith("_checkpoint.gin"):  # weights from a checkpoint: the macro must be named
+        with pytest.raises(ValueError, match="TARGET_CHECKPOINT"):
+            build([f"gin/models/{name}"], ["DROPOUT_RATE = 0.0"])
+        return
     model = build(
         [f"gin/models/{name}"],
         ["DROPOUT_RATE = 0.0"],
@@ -69,7 +73,7 @@ def test_decoding_gin_binds_explicit_topk(name):
     bindings = ["DROPOUT_RATE = 0.0"]
     files = ["gin/models/t5_1_1_tiny.gin", f"gin/decoding/{name}"]
     if name == "speculative.gin":
-        files.insert(1, "gin/models/draft_source_copy.gin")
+        files.append("gin/models/draft_source_copy.gin")  # after speculative.gin (DRAFT)
         model = build(files, bindings, what="%SPEC_MODEL")
         assert isinstance(model, models.SpeculativeEncoderDecoderModel)
         bound = gin.query_parameter("speculative.speculative_sample.topk")
@@ -88,11 +92,13 @@ def test_every_gin_file_is_covered_somewhere():
 
 @pytest.mark.parametrize("name", DRAFT_FILES)
 def test_draft_gin_builds_a_draft(name):
-    draft = build(
-        ["gin/models/t5_1_1_tiny.gin", f"gin/models/{name}"],
-        ["DROPOUT_RATE = 0.0"],
-        what="%DRAFT",
-    )
+    if name.startswith("draft_t5_1_1_"):  # weights come from a checkpoint: must be named
+        with pytest.raises(ValueError, match="DRAFT_CHECKPOINT"):
+            build(["gin/models/t5_1_1_tiny.gin", f"gin/models/{name}"], ["DROPOUT_RATE = 0.0"])
+        return
+    base = "gin/models/embedded_common.gin" if "ende" in name else "gin/models/t5_1_1_tiny.gin"
+    draft = build([base, f"gin/models/{name}"], ["DROPOUT_RATE = 0.0"], what="%DRAFT")
+    vocab = 8192 if "ende" in name else 32128
     cache, step = draft.prepare(draft.params, jnp.ones((2, 5), jnp.int32), 7)
     logits, _ = step(jnp.zeros((2, 3), jnp.int32), jnp.zeros((2,), jnp.int32), cache)
-    assert logits.shape == (2, 3, 32128)
+    assert logits.shape == (2, 3, vocab)

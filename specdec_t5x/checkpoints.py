@@ -1,0 +1,511 @@
+"""T5X checkpoints (`t5x/checkpoints.py`, VERSION 3) read and written without T5X.
+
+On-disk format (docs/t5x_interfaces.md §5.1)::
+
+  <model_dir>/checkpoint_<step>/checkpoint         msgpack: {'version': 3, 'optimizer': STATE}
+  <model_dir>/checkpoint_<step>/target.decoder.layers_0.self_attention.query.kernel/
+      .zarray, 0.0, 1.0, ...                       one zarr (v2, gzip) array per partitioned leaf
+
+  STATE = {'target': <param tree>, 'state': {'step': ..., 'param_states': ...}}
+
+The newer layout keeps the same files one level down, in `checkpoint_<step>/state/`; readers look
+for `state/checkpoint` first. A msgpack leaf is either the array itself (flax's ext-encoded
+ndarray, "written inline") or a TensorStore spec dict whose kvstore path is relative to the folder
+holding the msgpack file (`{'driver': 'zarr', 'dtype': 'float32', 'kvstore': {'driver': 'file',
+'path': 'target.encoder.layers_0.attention.query.kernel/'}, 'metadata': {'shape': [...], 'chunks':
+[...], 'compressor': {'id': 'gzip'}}}`); GCS specs (`'driver': 'gcs'`, dummy bucket) are read
+from the local copy of the same folder.
+
+* `load_t5x_checkpoint` mirrors T5X's function of that name: the nested `{'target', 'state'}` dict,
+  no model needed.
+* `load_params_for_model` returns only the parameters, checked against a model's
+  `jax.eval_shape` parameter shapes and read leaf by leaf (each device reads only its slice) into
+  the requested shardings, so an 11B model never sits twice in host memory.
+* `save_t5x_checkpoint` writes the same format (both layouts), e.g. to export trained models.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorstore as ts
+from flax import serialization
+
+from specdec_t5x import network
+
+VERSION = 3
+CHECKPOINT_FILE = "checkpoint"
+STATE_SUBDIR = "state"
+_CHUNK_BYTES = 64 * 1024 * 1024  # T5X's desired zarr chunk size
+_STEP_DIR = re.compile(r"^checkpoint_(\d+)$")
+
+Name = tuple[str, ...]
+
+
+class LazyArray:
+    """A checkpoint leaf read only when `get()` is called (T5X's `LazyArray`, simplified).
+
+    Attributes:
+      shape: the array's shape.
+      dtype: the dtype `get()` returns (after `restore_dtype`).
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype, read: Callable[[], np.ndarray]):
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self._read = read
+
+    def get(self) -> np.ndarray:
+        return self._read()
+
+    def __repr__(self) -> str:
+        return f"LazyArray(shape={self.shape}, dtype={self.dtype})"
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding the msgpack file.
+
+
+def all_steps(model_dir: str | os.PathLike) -> list[int]:
+    """Steps of the finished `checkpoint_<step>/` folders in `model_dir`, ascending."""
+    steps = []
+    for child in pathlib.Path(model_dir).iterdir() if pathlib.Path(model_dir).is_dir() else ():
+        match = _STEP_DIR.match(child.name)
+        if match and _msgpack_in(child) is not None:
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def _msgpack_in(step_dir: pathlib.Path) -> pathlib.Path | None:
+    for candidate in (step_dir / STATE_SUBDIR / CHECKPOINT_FILE, step_dir / CHECKPOINT_FILE):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def find_checkpoint(path: str | os.PathLike, step: int | None = None) -> pathlib.Path:
+    """The msgpack `checkpoint` file for a step folder, a model folder (+ step) or the file.
+
+    Args:
+      path: `checkpoint_<step>/`, a model folder holding several, or the msgpack file itself.
+      step: step to pick in a model folder (None: the latest).
+
+    Raises:
+      FileNotFoundError: the path does not exist, holds no checkpoint, or lacks that step.
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"T5X checkpoint path {str(path)!r} does not exist.")
+    if path.is_file():
+        return path
+    if step is not None and (path / f"checkpoint_{step}").is_dir():
+        path = path / f"checkpoint_{step}"
+    elif step is not None and path.name != f"checkpoint_{step}":
+        raise FileNotFoundError(
+            f"no checkpoint_{step}/ in {str(path)!r}; available steps: {all_steps(path)}."
+        )
+    found = _msgpack_in(path)
+    if found is not None:
+        return found
+    steps = all_steps(path)
+    if steps:
+        return _msgpack_in(path / f"checkpoint_{steps[-1]}")
+    raise FileNotFoundError(
+        f"no T5X checkpoint in {str(path)!r}: expected a '{STATE_SUBDIR}/{CHECKPOINT_FILE}' or "
+        f"'{CHECKPOINT_FILE}' msgpack file, or checkpoint_<step>/ folders holding one."
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading.
+
+
+def _read_optimizer_state(msgpack_file: pathlib.Path) -> dict[str, Any]:
+    """The `optimizer` dict of a msgpack file ({'target', 'state', ...}), leaves unread."""
+    raw = msgpack_file.read_bytes()
+    if raw.startswith(b"model_checkpoint_path"):
+        raise ValueError(f"{msgpack_file} is a TensorFlow checkpoint index, not a T5X checkpoint.")
+    contents = serialization.msgpack_restore(raw)
+    if not isinstance(contents, dict):
+        raise ValueError(f"{msgpack_file} does not hold a T5X checkpoint dict.")
+    if contents.get("version", 0) == 0:  # version 0 stored the optimizer state at the top
+        return contents
+    if "optimizer" not in contents:
+        raise ValueError(f"{msgpack_file} has no 'optimizer' entry; keys: {sorted(contents)}.")
+    return contents["optimizer"]
+
+
+def _is_spec(leaf: Any) -> bool:
+    return isinstance(leaf, dict) and {"driver", "kvstore"} <= set(leaf)
+
+
+def _flatten(tree: Any, prefix: Name = ()) -> dict[Name, Any]:
+    """{path tuple: leaf}; TensorStore spec dicts are leaves, empty dicts are dropped."""
+    if isinstance(tree, Mapping) and not _is_spec(tree):
+        flat = {}
+        for key, value in tree.items():
+            flat.update(_flatten(value, prefix + (str(key),)))
+        return flat
+    return {prefix: tree}
+
+
+def _unflatten(flat: Mapping[Name, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for path, leaf in flat.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = leaf
+    return tree
+
+
+def _absolute_spec(spec: Mapping[str, Any], ckpt_dir: pathlib.Path) -> dict[str, Any]:
+    """A copy of a written spec readable from local disk (T5X's relative→absolute rewrite).
+
+    GCS (`'gcs'`) and `'gfile'` kvstores become `'file'`; the relative path is joined to the
+    folder holding the msgpack file (old specs keep the path at the top level).
+    """
+    spec = _jsonable(spec)
+    kvstore = dict(spec.get("kvstore", {}))
+    rel = kvstore.get("path", spec.pop("path", None))
+    if rel is None:
+        raise ValueError(f"TensorStore spec without a path: {spec}.")
+    spec["kvstore"] = {"driver": "file", "path": os.path.join(str(ckpt_dir), rel)}
+    if kvstore.get("driver") not in ("file", "gfile", "gcs"):
+        raise ValueError(f"unsupported TensorStore kvstore driver {kvstore.get('driver')!r}.")
+    return spec
+
+
+def _jsonable(value: Any) -> Any:
+    """A deep copy with NumPy arrays/scalars (as msgpack may return them) turned into JSON types."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | np.ndarray):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _spec_shape(spec: Mapping[str, Any]) -> tuple[int, ...]:
+    return tuple(int(d) for d in spec["metadata"]["shape"])
+
+
+def _open(spec: Mapping[str, Any], ckpt_dir: pathlib.Path, name: str) -> ts.TensorStore:
+    """Opens the zarr array of one leaf. Raises FileNotFoundError naming the parameter."""
+    absolute = _absolute_spec(spec, ckpt_dir)
+    try:
+        return ts.open(absolute, open=True, read=True).result()
+    except ValueError as err:  # tensorstore reports NOT_FOUND / FAILED_PRECONDITION this way
+        raise FileNotFoundError(
+            f"array of {name!r} missing or unreadable at {absolute['kvstore']['path']!r}: {err}"
+        ) from err
+
+
+def _is_float(dtype) -> bool:
+    return jnp.issubdtype(np.dtype(dtype), jnp.floating)
+
+
+def _cast_float(array: np.ndarray, dtype) -> np.ndarray:
+    if dtype is None or not _is_float(array.dtype):
+        return array
+    return np.asarray(array).astype(dtype)
+
+
+def _reader(leaf: Any, ckpt_dir: pathlib.Path, name: str):
+    """(shape, dtype, read(index) -> np.ndarray) of an inline or TensorStore leaf."""
+    if _is_spec(leaf):
+        store = _open(leaf, ckpt_dir, name)
+        return (
+            store.shape,
+            np.dtype(store.dtype.numpy_dtype),
+            lambda idx=(): store[idx].read().result(),
+        )
+    array = np.asarray(leaf)
+    return array.shape, array.dtype, lambda idx=(): array[idx]
+
+
+def load_t5x_checkpoint(
+    path: str | os.PathLike,
+    step: int | None = None,
+    restore_dtype=None,
+    lazy_parameters: bool = False,
+) -> dict[str, Any]:
+    """Loads a whole T5X checkpoint without a model (mirrors `t5x.checkpoints.load_t5x_checkpoint`).
+
+    Args:
+      path: `checkpoint_<step>/`, a model folder holding several, or the msgpack file.
+      step: step to load from a model folder (None: the latest).
+      restore_dtype: cast the floating `target` leaves to this dtype (None: as stored).
+      lazy_parameters: return `LazyArray`s (read on `get()`) instead of arrays.
+
+    Returns:
+      The nested dict T5X returns: `{'target': params, 'state': {'step': ..., 'param_states':
+      ...}, ...}` with np.ndarray (or `LazyArray`) leaves.
+
+    Raises:
+      FileNotFoundError: no checkpoint at `path` (or that step), or a leaf's array is missing.
+      ValueError: not a T5X msgpack file.
+    """
+    restore_dtype = None if restore_dtype is None else jnp.dtype(restore_dtype)
+    msgpack_file = find_checkpoint(path, step)
+    ckpt_dir = msgpack_file.parent
+    flat = _flatten(_read_optimizer_state(msgpack_file))
+    out = {}
+    for key, leaf in flat.items():
+        if not (_is_spec(leaf) or isinstance(leaf, np.ndarray | np.generic)):
+            out[key] = leaf  # None or plain Python values
+            continue
+        name = "/".join(key)
+        shape, dtype, read = _reader(leaf, ckpt_dir, name)
+        cast = restore_dtype if key[0] == "target" else None
+        if lazy_parameters:
+            out_dtype = cast if cast is not None and _is_float(dtype) else dtype
+            out[key] = LazyArray(shape, out_dtype, lambda r=read, c=cast: _cast_float(r(), c))
+        else:
+            out[key] = _cast_float(np.asarray(read()), cast)
+    return _unflatten(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading parameters for a model.
+
+
+def _as_module(model) -> network.Transformer:
+    if isinstance(model, network.T5Config):
+        return network.Transformer(model)
+    if isinstance(model, network.Transformer):
+        return model
+    if isinstance(getattr(model, "module", None), network.Transformer):
+        return model.module  # a models.EncoderDecoderModel
+    raise TypeError(f"expected a T5Config, Transformer or EncoderDecoderModel; got {type(model)}.")
+
+
+def param_shapes(model) -> Any:
+    """The parameter tree of `model` as `jax.ShapeDtypeStruct`s (no memory allocated).
+
+    Args:
+      model: a `network.T5Config`, `network.Transformer` or `models.EncoderDecoderModel`.
+    """
+    module = _as_module(model)
+    ones = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    variables = jax.eval_shape(
+        lambda e, d: module.init(jax.random.PRNGKey(0), e, d, d, enable_dropout=False), ones, ones
+    )
+    return variables["params"]
+
+
+def _check_against_model(found: Mapping[Name, Any], expected: Mapping[Name, Any], where: str):
+    """Raises ValueError naming missing / unexpected parameters and shape mismatches."""
+    show = lambda keys: (
+        ", ".join("/".join(k) for k in keys[:10]) + (" ..." if len(keys) > 10 else "")
+    )
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"T5X checkpoint {where} does not match the model's parameter names: "
+            f"missing from the checkpoint: [{show(missing)}]; "
+            f"not in the model: [{show(unexpected)}]."
+        )
+    for key in sorted(expected):
+        shape = found[key]
+        if tuple(shape) != tuple(expected[key]):
+            raise ValueError(
+                f"T5X checkpoint {where}: parameter {'/'.join(key)!r} has shape {tuple(shape)} "
+                f"in the checkpoint but {tuple(expected[key])} in the model."
+            )
+
+
+def load_params_for_model(
+    path: str | os.PathLike,
+    model,
+    dtype=jnp.bfloat16,
+    shardings=None,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    step: int | None = None,
+) -> dict[str, Any]:
+    """The `target` parameters of a T5X checkpoint, checked against `model` and placed on devices.
+
+    Each leaf is read on its own (TensorStore reads only the slices the devices need), cast,
+    and assembled with `jax.make_array_from_callback` into its sharding before the next leaf is
+    read, so host memory holds at most one leaf at a time.
+
+    Args:
+      path: `checkpoint_<step>/`, a model folder (then `step` or the latest), or the msgpack file.
+      model: `network.T5Config`, `network.Transformer` or `models.EncoderDecoderModel` (e.g. built
+        by a gin/models file); its `jax.eval_shape` parameter tree is the expected one.
+      dtype: floating parameters are cast to it (bfloat16 for inference; None keeps the stored
+        dtype, float32 in T5X checkpoints).
+      shardings: a `jax.sharding.Sharding` for every leaf, or a tree of them shaped like the
+        params (e.g. `partitioning.param_shardings`), or None (default device).
+      mesh: alternative to `shardings`: use `partitioning.param_shardings(model params, mesh)`.
+      step: step to load from a model folder.
+
+    Returns:
+      The parameter tree (T5X names) of `jax.Array`s.
+
+    Raises:
+      FileNotFoundError: no checkpoint at `path`, or a leaf's zarr array is missing.
+      ValueError: parameter names or shapes differ from the model's (the message names the
+        parameter and both shapes).
+    """
+    dtype = None if dtype is None else jnp.dtype(dtype)  # also accepts 'bfloat16' from gin
+    expected_tree = param_shapes(model)
+    expected = {k: v.shape for k, v in _flatten(_tree_to_dict(expected_tree)).items()}
+    msgpack_file = find_checkpoint(path, step)
+    state = _read_optimizer_state(msgpack_file)
+    if "target" not in state:
+        raise ValueError(f"T5X checkpoint {msgpack_file} has no 'target' (params) entry.")
+    flat = _flatten(state["target"])
+    found = {
+        k: _spec_shape(v) if _is_spec(v) else np.shape(v) for k, v in flat.items() if v is not None
+    }
+    _check_against_model(found, expected, str(msgpack_file))
+    if shardings is None and mesh is not None:
+        from specdec_t5x import partitioning  # local: partitioning does not need checkpoints
+
+        shardings = partitioning.param_shardings(expected_tree, mesh)
+    if shardings is None or isinstance(shardings, jax.sharding.Sharding):
+        flat_shardings = dict.fromkeys(expected, shardings)
+    else:
+        flat_shardings = _flatten(_tree_to_dict(shardings))
+    params = {}
+    for key in sorted(expected):
+        params[key] = _place_leaf(flat[key], msgpack_file.parent, key, dtype, flat_shardings[key])
+    return _unflatten(params)
+
+
+def _tree_to_dict(tree: Any) -> Any:
+    """Nested plain dicts of a (possibly FrozenDict) parameter tree."""
+    if isinstance(tree, Mapping):
+        return {str(k): _tree_to_dict(v) for k, v in tree.items()}
+    return tree
+
+
+def _place_leaf(leaf, ckpt_dir: pathlib.Path, key: Name, dtype, sharding) -> jax.Array:
+    """Reads one leaf (slice by slice when sharded), casts it, puts it on its devices."""
+    shape, _, read = _reader(leaf, ckpt_dir, "/".join(key))
+    if sharding is None:
+        return jax.device_put(_cast_float(np.asarray(read()), dtype))
+    slices: dict[str, np.ndarray] = {}  # replicated slices are read once
+
+    def callback(index):
+        cache_key = repr(index)
+        if cache_key not in slices:
+            slices[cache_key] = _cast_float(np.asarray(read(index)), dtype)
+        return slices[cache_key]
+
+    return jax.make_array_from_callback(tuple(shape), sharding, callback)
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing.
+
+
+def choose_chunk_shape(write_shape: tuple[int, ...], target_elements: int) -> list[int]:
+    """T5X's `_choose_chunk_shape`: largest divisor chunk with <= target_elements elements.
+
+    Greedily shrinks the largest dimension to its next smaller divisor until the chunk fits.
+    """
+    factors = [[i for i in range(1, size + 1) if size % i == 0] or [1] for size in write_shape]
+    while int(np.prod([f[-1] for f in factors])) > max(1, target_elements):
+        dim = max(range(len(factors)), key=lambda i: factors[i][-1])
+        factors[dim].pop()
+    return [f[-1] for f in factors]
+
+
+def _write_zarr(leaf, name: str, data_dir: pathlib.Path, dtype) -> dict[str, Any]:
+    """Writes one leaf as a gzip zarr array; returns the relative spec stored in the msgpack."""
+    dtype = np.dtype(dtype if dtype is not None else leaf.dtype)
+    shape = tuple(int(d) for d in leaf.shape)
+    metadata = {
+        "compressor": {"id": "gzip"},
+        "shape": list(shape),
+        "chunks": choose_chunk_shape(shape, _CHUNK_BYTES // dtype.itemsize),
+    }
+    relative = {
+        "driver": "zarr",
+        "dtype": dtype.name,
+        "kvstore": {"driver": "file", "path": name},
+        "metadata": metadata,
+    }
+    relative = ts.Spec(relative).to_json()  # exactly what T5X writes (path gets a trailing '/')
+    store = ts.open(_absolute_spec(relative, data_dir), create=True, open=True).result()
+    if isinstance(leaf, jax.Array) and len(leaf.addressable_shards) > 1:
+        for shard in leaf.addressable_shards:  # never gathers the whole array on the host
+            if shard.replica_id == 0:
+                store[shard.index].write(np.asarray(shard.data).astype(dtype)).result()
+    else:
+        store.write(np.asarray(leaf).astype(dtype)).result()
+    return relative
+
+
+def save_t5x_checkpoint(
+    params: Any,
+    path: str | os.PathLike,
+    step: int,
+    *,
+    param_states: Any = None,
+    layout: str = "legacy",
+    write_inline: Callable[[str], bool] | None = None,
+    save_dtype=np.float32,
+) -> pathlib.Path:
+    """Writes `params` as a T5X checkpoint `path/checkpoint_<step>/` (atomic rename at the end).
+
+    Args:
+      params: parameter tree (T5X names), arrays of any dtype (sharded `jax.Array`s are written
+        shard by shard).
+      path: model folder; created if missing.
+      step: training step (`state.step` in the checkpoint and the folder name).
+      param_states: optional optimizer state tree written as `state.param_states`.
+      layout: `'legacy'` (msgpack and arrays in `checkpoint_<step>/`) or `'state'` (the newer
+        layout: both in `checkpoint_<step>/state/`).
+      write_inline: predicate on the dotted leaf name (`'target.encoder.encoder_norm.scale'`):
+        True writes that leaf inline into the msgpack file, False as a zarr array. Scalars (the
+        step) are always inline; by default every other array goes to zarr (as T5X does for
+        partitioned parameters).
+      save_dtype: dtype of the floating `target` leaves (T5X's default float32; None keeps).
+
+    Returns:
+      The checkpoint folder.
+
+    Raises:
+      FileExistsError: `checkpoint_<step>/` already exists.
+      ValueError: unknown layout.
+    """
+    if layout not in ("legacy", "state"):
+        raise ValueError(f"layout must be 'legacy' or 'state'; got {layout!r}.")
+    model_dir = pathlib.Path(path)
+    final_dir = model_dir / f"checkpoint_{int(step)}"
+    if final_dir.exists():
+        raise FileExistsError(f"{final_dir} already exists; T5X never overwrites a checkpoint.")
+    tmp_dir = model_dir / f"checkpoint_{int(step)}.tmp-{int(time.time())}"
+    data_dir = tmp_dir / STATE_SUBDIR if layout == "state" else tmp_dir
+    data_dir.mkdir(parents=True)
+    state: dict[str, Any] = {"step": np.asarray(int(step), np.int32)}
+    if param_states is not None:
+        state["param_states"] = _tree_to_dict(param_states)
+    flat = _flatten({"target": _tree_to_dict(params), "state": state})
+    written = {}
+    for key, leaf in flat.items():
+        name = ".".join(key)
+        dtype = save_dtype if key[0] == "target" and _is_float(leaf.dtype) else None
+        inline = np.ndim(leaf) == 0 or (write_inline is not None and write_inline(name))
+        if inline:
+            written[key] = _cast_float(np.asarray(leaf), dtype)
+        else:
+            written[key] = _write_zarr(leaf, name, data_dir, dtype)
+    contents = {"version": VERSION, "optimizer": _unflatten(written)}
+    (data_dir / CHECKPOINT_FILE).write_bytes(serialization.msgpack_serialize(contents))
+    tmp_dir.rename(final_dir)
+    return final_dir

@@ -1,0 +1,67 @@
+"""Step-cost benchmark: scripts/measure_c.py end to end on CPU (tiny vs tiny) and its validation."""
+
+import importlib.util
+import json
+import pathlib
+
+import numpy as np
+import pytest
+from conftest import init_params, tiny_config
+
+from specdec_t5x import benchmark, drafts, models, network
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "measure_c.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("measure_c", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_measure_c_script_tiny_vs_tiny(tmp_path):
+    args = ["--target", "tiny", "--draft", "tiny", "--repeats", "3", "--enc_len", "4"]
+    args += ["--max_len", "8", "--gamma", "2", "--out_dir", str(tmp_path)]
+    path = load_script().main(args)
+    assert path == tmp_path / "tiny_vs_tiny_float32_b1.json"
+    result = json.loads(path.read_text())
+    for key in ("target_step_ms", "draft_step_ms", "verify_step_ms"):
+        assert result[key] > 0 and len(result[f"{key}_iqr"]) == 2
+    assert result["c"] == pytest.approx(result["draft_step_ms"] / result["target_step_ms"])
+    assert result["verify_cost_ratio"] == pytest.approx(
+        result["verify_step_ms"] / result["target_step_ms"]
+    )
+    assert result["target_params"] == result["draft_params"]
+    assert result["target_config"]["dtype"] == "float32" and result["target_config"]["emb_dim"] == 8
+    assert result["command"].startswith("python scripts/measure_c.py --target tiny")
+    assert result["hardware"]["nproc"] >= 1 and result["hardware"]["jax_devices"]
+    assert result["commit"] and result["date"]
+    table = (tmp_path / "tiny_vs_tiny_float32_b1.md").read_text()
+    assert "| c | verify_cost_ratio |" in table and "| tiny (" in table
+    assert "network.T5Config" in path.with_suffix(".target.gin").read_text()
+
+
+def test_measure_step_costs_rejects_bad_settings():
+    with pytest.raises(ValueError, match="max_len >= gamma"):
+        benchmark.measure_step_costs(tiny_config(), tiny_config(), max_len=4, gamma=3)
+
+
+def test_compare_with_hf_on_tiny_models(tmp_path):
+    pytest.importorskip("torch", reason="the HF comparison needs torch (the [hf] extra)")
+    pytest.importorskip("transformers", reason="the HF comparison needs transformers ([hf] extra)")
+    target = network.Transformer(tiny_config())
+    draft_module = network.Transformer(tiny_config(num_encoder_layers=1, num_decoder_layers=1))
+    spec_model = models.SpeculativeEncoderDecoderModel(
+        target, drafts.T5Draft(draft_module, init_params(draft_module, 2))
+    )
+    rng = np.random.RandomState(0)
+    inputs = [np.append(rng.randint(3, 32, n), 1).astype(np.int32) for n in (5, 3, 6)]
+    result = benchmark.compare_with_hf(
+        spec_model, init_params(target, 1), inputs, max_decode_len=8, gamma=3, work_dir=tmp_path
+    )
+    assert result["num_examples"] == 3 and result["num_generated_tokens"] > 3
+    # Greedy speculative decoding is exact in both implementations, and they agree.
+    assert result["hf_assisted_equals_greedy"] == result["ours_speculative_equals_greedy"] == 3
+    assert result["ours_equals_hf"] == 3
+    assert "| HF transformers" in benchmark.hf_comparison_table(result)
