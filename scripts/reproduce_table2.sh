@@ -2,10 +2,10 @@
 # Table 2 for the embedded models: walltime speedup of speculative over baseline decoding on the
 # DDTP En→De test split, T5 draft, T ∈ {0, 1}, with a γ sweep (speedup vs γ beside Thm 3.8).
 #
-#   bash scripts/reproduce_table2.sh        # NUM_EXAMPLES=200, writes results/table2/
+#   bash scripts/reproduce_table2.sh        # NUM_EXAMPLES=100, writes results/table2/
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NUM_EXAMPLES=${NUM_EXAMPLES:-200}
+NUM_EXAMPLES=${NUM_EXAMPLES:-100}
 OUT=${OUT:-results/table2}
 for t in 0 1; do
   .venv/bin/python -m specdec_t5x.eval \

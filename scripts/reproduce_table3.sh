@@ -2,10 +2,10 @@
 # Table 3 for the embedded target: α per draft (unigram, bigram, T5 draft, source-copy) at
 # T ∈ {0, 1} on the DDTP En→De test split (speed is reported too).
 #
-#   bash scripts/reproduce_table3.sh        # NUM_EXAMPLES=200, writes results/table3/
+#   bash scripts/reproduce_table3.sh        # NUM_EXAMPLES=100, writes results/table3/
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NUM_EXAMPLES=${NUM_EXAMPLES:-200}
+NUM_EXAMPLES=${NUM_EXAMPLES:-100}
 OUT=${OUT:-results/table3}
 rows=()
 for draft in unigram bigram model source_copy; do

@@ -209,7 +209,9 @@ def load_ngram_draft(kind: str, name: str = "ngram_ende", path=None):
     """
     path = pathlib.Path(path) if path else ASSETS / name / "ngram.npz"
     if not path.exists():
-        raise FileNotFoundError(f"n-gram draft file {path} not found (scripts/fit_ngram_drafts.py).")
+        raise FileNotFoundError(
+            f"n-gram draft file {path} not found (scripts/fit_ngram_drafts.py)."
+        )
     data = np.load(path)
     if kind == "unigram":
         return UnigramDraft(data["unigram_log_probs"])

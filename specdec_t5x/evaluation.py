@@ -128,7 +128,8 @@ def measure_step_costs(
 
     One cached target step, one draft step and one γ+1 verify step at decoder position
     `position`, caches built from `encoder_input_tokens` (int32 [batch, enc_len]); timed by
-    `benchmark.time_decoder_steps` (compiled first, interleaved, medians, caches donated).
+    `benchmark.time_decoder_steps` (compiled first, interleaved, medians, steps timed inside a
+    `fori_loop` with the cache as carry, as in the decode loops).
 
     Returns:
       {'target_step_ms', 'draft_step_ms', 'verify_step_ms', their IQRs, 'c' (draft step / target
@@ -148,10 +149,10 @@ def measure_step_costs(
         return draft.prepare(dp, e, max_decode_len)[1](tokens, pos, cache)
 
     return benchmark.time_decoder_steps(
-        jax.jit(target_step, donate_argnums=(4,)),
+        target_step,
         (target_params, enc),
         target_cache,
-        jax.jit(draft_step, donate_argnums=(4,)),
+        draft_step,
         (draft_params, enc),
         draft_cache,
         batch=enc.shape[0],
