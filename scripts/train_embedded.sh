@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Reproduces the embedded En→De models shipped in specdec_t5x/assets/models/ (results/training/).
+#
+#   scripts/train_embedded.sh [data|target|draft|report|all]      (default: all)
+#
+# data:   builds the DDTP corpus (python -m specdec_t5x.data.build) and checks the checksums of
+#         the index files, corpus splits and vocabulary the shipped models were trained on.
+# target: trains the target (gin/models/embedded_ende_target.gin) from scratch, exports it in
+#         bfloat16 to specdec_t5x/assets/models/embedded_ende_target/params.msgpack, then reports
+#         validation loss/BLEU and test BLEU of the exported weights.
+# draft:  trains the draft (gin/models/embedded_ende_draft.gin) by token-level distillation from
+#         the exported target: loss = 0.5 CE(data) + 0.5 KL(p_target || q_draft), same data.
+# report: loss curves, decode-step timings and asset sizes into results/training/.
+#
+# Runs are resumable: rerunning a stage after a kill continues from its last orbax checkpoint in
+# train_runs/. Shipped run: one CPU machine, 2 cores (see results/training/README.md); seeds fixed
+# (SEED=0 for data order, init and everything else); wall time depends on the machine's load.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+RUNS=train_runs
+STAGE=${1:-all}
+TARGET_STEPS=1000
+DRAFT_STEPS=1000
+MODELS=specdec_t5x/assets/models
+
+if [[ $STAGE == data || $STAGE == all ]]; then
+  $PY -m specdec_t5x.data.build
+  DATA_DIR=${SPECDEC_DATA_DIR:-$HOME/.cache/specdec_t5x/data}
+  # Index files the shipped models were trained on (Debian bookworm main, release 12.15).
+  sha256sum --check <<SUMS
+adac331fc51f9a00c1b4120b4ac87423be2b1f1615d4f288c7cbc2d5258c0650  $DATA_DIR/index/Translation-de
+62f59c3cdca9786e4f7adf9002f9f5729a684adcb4667e58e448dec9b5a46c7f  $DATA_DIR/index/Translation-en
+515e692f2c4121c6fcec444ef100cc18f79a991910615f3a88c8b7becfc94d2f  $DATA_DIR/index/Packages
+e1131bdffbbe8b3c402fc55ad7923abffab62940c8f78eb97ca6013b2fc00803  $DATA_DIR/ddtp_ende/train.jsonl
+0bf6176f82b5b8a01110a6e44e2de5ce5e08ecb2ac8644fc7d9ae9f334572746  $DATA_DIR/ddtp_ende/validation.jsonl
+4c481d7f48dcebb1399cd8fc91897236a9a9055d33f991ac6053d0629534e1a9  $DATA_DIR/ddtp_ende/test.jsonl
+6049199b3482263600a0b9d1be17b6c3b039f17a67d01665dbb8d5820808e951  specdec_t5x/assets/vocab/spm_8k.model
+SUMS
+fi
+
+if [[ $STAGE == target || $STAGE == all ]]; then
+  $PY scripts/train.py \
+    --gin_file=gin/models/embedded_ende_target.gin \
+    --gin_file=gin/runs/train.gin \
+    --gin.RUN_DIR="'$RUNS/embedded_ende_target'" \
+    --gin.NUM_STEPS=$TARGET_STEPS \
+    --gin.BATCH_SIZE=24 \
+    --gin.OPTIMIZER="'adafactor'" \
+    --gin.LEARNING_RATE=1e-2 \
+    --gin.SEED=0 \
+    --gin.train.train.export_path="'$MODELS/embedded_ende_target/params.msgpack'"
+fi
+
+if [[ $STAGE == draft || $STAGE == all ]]; then
+  $PY scripts/train.py \
+    --gin_file=gin/models/embedded_ende_target.gin \
+    --gin_file=gin/models/embedded_ende_draft.gin \
+    --gin_file=gin/runs/train.gin \
+    --gin.RUN_DIR="'$RUNS/embedded_ende_draft'" \
+    --gin.NUM_STEPS=$DRAFT_STEPS \
+    --gin.BATCH_SIZE=24 \
+    --gin.OPTIMIZER="'adafactor'" \
+    --gin.LEARNING_RATE=1e-2 \
+    --gin.SEED=0 \
+    --gin.train.train.model=%DRAFT_MODEL \
+    --gin.train.train.distill_from=%MODEL \
+    --gin.train.train.distill_params=%TARGET_PARAMS \
+    --gin.train.train.distill_weight=0.5 \
+    --gin.train.train.export_path="'$MODELS/embedded_ende_draft/params.msgpack'"
+fi
+
+if [[ $STAGE == report || $STAGE == all ]]; then
+  OUT=results/training
+  mkdir -p $OUT
+  for name in embedded_ende_target embedded_ende_draft; do
+    cp $RUNS/$name/final_metrics.json $OUT/${name}_final_metrics.json
+    cp $RUNS/$name/metrics.jsonl $OUT/${name}_metrics.jsonl
+    cp $RUNS/$name/operative_config.gin $OUT/${name}_operative_config.gin
+    cp $RUNS/$name/command.txt $OUT/${name}_command.txt
+    cp $RUNS/$name/environment.json $OUT/${name}_environment.json
+    head -n 10 $RUNS/$name/test_predictions.jsonl > $OUT/${name}_test_predictions_first10.jsonl
+  done
+  $PY -c "from specdec_t5x import train; train.plot_curves({
+    'target': '$RUNS/embedded_ende_target', 'draft': '$RUNS/embedded_ende_draft'},
+    '$OUT/loss_curves.png')"
+  # Cost of one cached decoder step (1 token, batch 1, 64-token source), target vs draft, timed
+  # by the project's benchmark (interleaved rounds, medians; c = draft / target).
+  $PY - <<'PYEOF' | tee $OUT/decode_step.json
+import json
+from specdec_t5x import benchmark, gin_utils
+gin_utils.parse(
+    ["models/embedded_ende_target.gin", "models/embedded_ende_draft.gin"],
+    ["VOCABULARY = None", "gin_utils.build.obj = (%TARGET_MODULE, %DRAFT_MODULE)"])
+target, draft = gin_utils.build()
+costs = benchmark.measure_step_costs(target.config, draft.config, batch=1, enc_len=64, max_len=128)
+print(json.dumps(costs, indent=2, default=str))
+PYEOF
+  du -b specdec_t5x/assets/models/*/params.msgpack specdec_t5x/assets/vocab/spm_8k.model \
+    | tee $OUT/asset_bytes.txt
+  du -sh specdec_t5x/assets | tee -a $OUT/asset_bytes.txt
+  { nproc; lscpu; } > $OUT/hardware.txt
+  sha256sum specdec_t5x/assets/models/*/params.msgpack specdec_t5x/assets/vocab/spm_8k.model \
+    > $OUT/asset_sha256.txt
+fi

@@ -1,0 +1,190 @@
+"""Training loop: packing, distillation loss, and a resumable smoke run on a synthetic copy task."""
+
+import json
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+from specdec_t5x import embedded, gin_utils, models, network, train
+
+
+class DigitVocabulary:
+    """Fake vocabulary: "5 7 9" <-> [5, 7, 9]; pad 0, EOS 1 (T5 conventions)."""
+
+    eos_id = 1
+
+    def encode(self, text):
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids):
+        return " ".join(str(i) for i in ids)
+
+
+def copy_pairs(n, seed, vocab=32):
+    """Synthetic copy task: the target repeats the 2-6 input tokens."""
+    rng = np.random.RandomState(seed)
+    pairs = []
+    for _ in range(n):
+        text = " ".join(str(t) for t in rng.randint(3, vocab, rng.randint(2, 7)))
+        pairs.append((text, text))
+    return pairs
+
+
+def test_pack_rows_first_fit():
+    lengths = np.array([[3, 2], [4, 4], [2, 3]])
+    assert train.pack_rows(lengths, [0, 1, 2], 6, 6) == [[0, 2], [1]]
+
+
+def test_make_batch_matches_docstring():
+    examples = [(np.array([5, 1]), np.array([7, 8, 1])), (np.array([6, 1]), np.array([9, 1]))]
+    b = train.make_batch(examples, [[0, 1]], 6, 6)
+    np.testing.assert_array_equal(b["encoder_input_tokens"][0], [5, 1, 6, 1, 0, 0])
+    np.testing.assert_array_equal(b["encoder_segment_ids"][0], [1, 1, 2, 2, 0, 0])
+    np.testing.assert_array_equal(b["encoder_positions"][0], [0, 1, 0, 1, 0, 0])
+    np.testing.assert_array_equal(b["decoder_target_tokens"][0], [7, 8, 1, 9, 1, 0])
+    np.testing.assert_array_equal(b["decoder_input_tokens"][0], [0, 7, 8, 0, 9, 0])
+    np.testing.assert_array_equal(b["decoder_positions"][0], [0, 1, 2, 0, 1, 0])
+    np.testing.assert_array_equal(b["decoder_loss_weights"][0], [1, 1, 1, 1, 1, 0])
+
+
+def test_packed_logits_equal_unpacked(tiny_target):
+    """Packing two examples into one row changes nothing about either example's logits."""
+    module, params = tiny_target
+    model = models.EncoderDecoderModel(module)
+    examples = [(np.array([5, 9, 1]), np.array([7, 8, 1])), (np.array([6, 1]), np.array([9, 4, 1]))]
+    packed = train.make_batch(examples, [[0, 1]], 8, 8)
+    single = train.make_batch(examples, [[0], [1]], 8, 8)
+    packed_logits = train._logits(model, params, packed, None)[0]  # [8, V]
+    single_logits = train._logits(model, params, single, None)  # [2, 8, V]
+    np.testing.assert_allclose(packed_logits[:3], single_logits[0, :3], atol=1e-5)
+    np.testing.assert_allclose(packed_logits[3:6], single_logits[1, :3], atol=1e-5)
+
+
+def test_packed_batches_resume_replays_stream():
+    examples = train.tokenize(copy_pairs(40, 0), DigitVocabulary(), "", 8, 8, drop_long=True)
+    stream = train.PackedBatches(examples, 4, 16, 16, seed=3)
+    for _ in range(5):  # crosses an epoch boundary (40 examples ~ 10 rows)
+        next(stream)
+    state = stream.state()
+    expected = next(stream)
+    resumed = train.PackedBatches(examples, 4, 16, 16, seed=3)
+    resumed.restore(state)
+    got = next(resumed)
+    for key in expected:
+        np.testing.assert_array_equal(got[key], expected[key])
+
+
+def test_distillation_loss_zero_kl_against_itself(tiny_target):
+    module, params = tiny_target
+    model = models.EncoderDecoderModel(module)
+    examples = train.tokenize(copy_pairs(6, 1), DigitVocabulary(), "", 8, 8, drop_long=True)
+    batch = train.make_batch(examples, [[0, 1], [2, 3]], 16, 16)
+    p_logits = train._logits(model, params, batch, None)
+    loss, m = train.distillation_loss(model, params, p_logits, batch, None, distill_weight=1.0)
+    assert abs(float(m["kl"])) < 1e-5 and abs(float(loss)) < 1e-5
+    np.testing.assert_allclose(m["alpha"], 1.0, atol=1e-5)  # q = p accepts everything
+    ce, _ = model.loss_fn(params, batch, None)
+    _, m = train.distillation_loss(model, params, p_logits, batch, None, distill_weight=0.0)
+    np.testing.assert_allclose(m["loss"], ce, rtol=1e-5)
+
+
+def test_embedded_params_round_trip(tmp_path, tiny_target):
+    _, params = tiny_target
+    path = embedded.save_params(params, tmp_path / "m" / "params.msgpack", jnp.bfloat16)
+    restored = embedded.load_params(path=path)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(restored), strict=True):
+        assert b.dtype == jnp.float32
+        np.testing.assert_allclose(a, b, rtol=1e-2, atol=1e-2)
+    with pytest.raises(ValueError):
+        embedded.load_params()
+
+
+def test_train_lowers_loss_and_resumes(tmp_path):
+    """A few steps on the copy task lower the loss; a second call resumes from the checkpoint."""
+    module = network.Transformer(tiny_config(emb_dim=32, mlp_dim=64, head_dim=8))
+    model = models.EncoderDecoderModel(module)
+    common = dict(
+        run_dir=tmp_path / "run",
+        batch_size=8,
+        optimizer=train.make_optimizer("adamw", 3e-3, warmup_steps=5, num_steps=60),
+        vocabulary=DigitVocabulary(),
+        max_input_len=16,
+        max_target_len=16,
+        checkpoint_every=20,
+        log_every=10,
+        eval_every=0,
+        num_eval_decode_examples=8,
+        eval_batch_size=8,
+        decode_len=8,
+        progress=False,
+    )
+    train_pairs, eval_pairs = copy_pairs(400, 0), copy_pairs(16, 1)
+    first = train.train(model, train_pairs, eval_pairs, num_steps=40, **common)
+    assert first["num_steps"] == 40
+    final = train.train(
+        model,
+        train_pairs,
+        eval_pairs,
+        num_steps=60,
+        export_path=tmp_path / "export" / "params.msgpack",
+        test_data=eval_pairs,
+        **common,
+    )
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    steps = [r["step"] for r in records if r["split"] == "train"]
+    assert steps == [10, 20, 30, 40, 50, 60]  # resumed at 40, not restarted
+    losses = [r["loss"] for r in records if r["split"] == "train"]
+    assert losses[-1] < 0.7 * losses[0]
+    assert final["num_steps"] == 60 and final["loss"] < first["loss"]
+    assert final["num_test_examples"] == 16
+    assert (tmp_path / "run" / "test_predictions.jsonl").is_file()
+    assert embedded.load_params(path=tmp_path / "export" / "params.msgpack") is not None
+
+
+@pytest.fixture
+def clean_gin():
+    gin.clear_config(clear_constants=True)
+    yield
+    gin.clear_config(clear_constants=True)
+
+
+RUN = ["RUN_DIR = '/tmp/unused'", "NUM_STEPS = 10", "VOCABULARY = None"]  # no seqio import
+
+
+def test_train_gin_requires_run_dir_and_steps(clean_gin):
+    with pytest.raises(ValueError, match="NUM_STEPS, RUN_DIR"):
+        gin_utils.parse(["models/embedded_ende_target.gin", "runs/train.gin"], finalize=False)
+
+
+@pytest.mark.parametrize("which", ["target", "draft"])
+def test_train_gin_builds_embedded_models(clean_gin, which):
+    files = ["models/embedded_ende_target.gin", "models/embedded_ende_draft.gin", "runs/train.gin"]
+    model = "%MODEL" if which == "target" else "%DRAFT_MODEL"
+    gin_utils.parse(files, [*RUN, f"gin_utils.build.obj = {model}"], finalize=False)
+    built = gin_utils.build()
+    cfg = built.module.config
+    assert isinstance(built, models.EncoderDecoderModel) and cfg.vocab_size == 8192
+    assert cfg.emb_dim == {"target": 256, "draft": 128}[which]
+    assert gin.query_parameter("%NUM_STEPS") == 10
+    assert gin.query_parameter("%OPTIMIZER") == "adafactor"
+
+
+@pytest.mark.skipif(
+    not all(embedded.params_path(f"embedded_ende_{w}").is_file() for w in ("target", "draft")),
+    reason="shipped embedded models not present (scripts/train_embedded.sh makes them)",
+)
+def test_shipped_params_fit_their_gin_architectures(clean_gin):
+    gin_utils.parse(
+        ["models/embedded_ende_target.gin", "models/embedded_ende_draft.gin"],
+        ["gin_utils.build.obj = (%TARGET_MODULE, %TARGET_PARAMS, %DRAFT_MODULE, %DRAFT_PARAMS)"],
+    )
+    target_module, target_params, draft_module, draft_params = gin_utils.build()
+    ones = jnp.ones((1, 4), jnp.int32)
+    for module, params in ((target_module, target_params), (draft_module, draft_params)):
+        init = jax.eval_shape(lambda m=module: m.init(jax.random.PRNGKey(0), ones, ones, ones))
+        expected = jax.tree.map(lambda x: (x.shape, x.dtype), init["params"])
+        assert jax.tree.map(lambda x: (x.shape, x.dtype), params) == expected
