@@ -488,17 +488,21 @@ def _summarise(runs, gammas, gamma, costs, examples, seqio_task, vocabulary, eos
 _STAT_KEYS = [f.name for f in dataclasses.fields(speculative.SpeculativeStats)]
 
 TABLE_HEADER = (
-    "| Task | M_q | Temp | γ | α | c | verify/step | tokens/iter | Speed | Predicted (Thm 3.8) |\n"
-    "|---|---|---|---|---|---|---|---|---|---|"
+    "| Task | M_q | Temp | γ | α | c | verify/step | tokens/iter | Speed | Predicted (Thm 3.8) "
+    "| Predicted (measured verify) | identical |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def table_row(m: dict[str, Any]) -> str:
-    """One markdown row shaped like the paper's Table 2 (plus c, verify cost, tokens/iteration)."""
+    """One markdown row shaped like the paper's Table 2, plus c, the verify cost, tokens per
+    iteration, Thm 3.8 with the measured verify cost (E / (γc + verify)) and identical_fraction
+    (1.0 expected at T = 0; at T > 0 outputs are different samples of the same distribution)."""
     return (
         f"| {m['task']} | {m['draft']} | {m['temperature']:g} | {m['gamma']} | "
         f"{m['alpha_beta']:.2f} | {m['c_measured']:.3f} | {m['verify_cost_ratio']:.2f} | "
-        f"{m['tokens_per_iteration']:.2f} | {m['speedup']:.2f}X | {m['predicted_speedup_thm38']:.2f}X |"
+        f"{m['tokens_per_iteration']:.2f} | {m['speedup']:.2f}X | {m['predicted_speedup_thm38']:.2f}X | "
+        f"{m['predicted_speedup_measured_verify']:.2f}X | {m['identical_fraction']:.2f} |"
     )
 
 
