@@ -169,7 +169,13 @@ class EncoderDecoderModel:
         dec = jnp.ones(input_shapes["decoder_input_tokens"], jnp.int32)
         return self.module.init(rng, enc, dec, dec, enable_dropout=False)
 
-    def _logits(self, params, batch, dropout_rng=None) -> Array:
+    def logits(self, params, batch: Mapping[str, Array], dropout_rng: Array | None = None) -> Array:
+        """Teacher-forced float32 [batch, len, vocab] logits (packed batches supported: segment
+        ids and positions are read when present); dropout on iff `dropout_rng` is given.
+
+        Raises:
+          ValueError: a required feature is missing from `batch`.
+        """
         _require(batch, "encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")
         rngs = None if dropout_rng is None else {"dropout": dropout_rng}
         return self.module.apply(
@@ -198,7 +204,7 @@ class EncoderDecoderModel:
           (loss float32 [], metrics dict of float32 [] values: `loss`, `z_loss`, `num_tokens`,
           `accuracy`).
         """
-        logits = self._logits(params, batch, dropout_rng)
+        logits = self.logits(params, batch, dropout_rng)
         targets = batch["decoder_target_tokens"]
         weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
         vocab = logits.shape[-1]
@@ -220,7 +226,7 @@ class EncoderDecoderModel:
 
     def score_batch(self, params, batch: Mapping[str, Array]) -> Array:
         """Teacher-forced sum of target-token log-probs: float32 [batch] (T5X `score_batch`)."""
-        logits = self._logits(params, batch)
+        logits = self.logits(params, batch)
         targets = batch["decoder_target_tokens"]
         weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
         log_probs = jax.nn.log_softmax(logits, axis=-1)

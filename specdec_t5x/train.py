@@ -307,22 +307,6 @@ class TrainState:
     opt_state: Any
 
 
-def _logits(model: models.EncoderDecoderModel, params, batch, dropout_rng) -> Array:
-    """Teacher-forced float32 [batch, len, vocab] logits of a (packed) batch."""
-    return model.module.apply(
-        {"params": params},
-        batch["encoder_input_tokens"],
-        batch["decoder_input_tokens"],
-        batch["decoder_target_tokens"],
-        batch.get("encoder_segment_ids"),
-        batch.get("decoder_segment_ids"),
-        batch.get("encoder_positions"),
-        batch.get("decoder_positions"),
-        enable_dropout=dropout_rng is not None,
-        rngs=None if dropout_rng is None else {"dropout": dropout_rng},
-    )
-
-
 def distillation_loss(
     model: models.EncoderDecoderModel,
     params,
@@ -346,7 +330,7 @@ def distillation_loss(
       of speculative sampling at temperature 1, sum_x min(p, q), teacher-forced on the data),
       `z_loss`, `num_tokens`, `accuracy`).
     """
-    q_logits = _logits(model, params, batch, dropout_rng)  # [b, L, V]
+    q_logits = model.logits(params, batch, dropout_rng)  # [b, L, V]
     targets = batch["decoder_target_tokens"]
     weights = batch["decoder_loss_weights"]
     q_log_probs = jax.nn.log_softmax(q_logits, axis=-1)
@@ -392,7 +376,7 @@ def make_train_step(
         if distill_from is None:
             loss_fn = lambda p: model.loss_fn(p, batch, dropout_rng)
         else:
-            p_logits = _logits(distill_from, distill_params, batch, None)
+            p_logits = distill_from.logits(distill_params, batch)
             loss_fn = lambda p: distillation_loss(
                 model, p, p_logits, batch, dropout_rng, distill_weight
             )

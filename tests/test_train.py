@@ -58,8 +58,8 @@ def test_packed_logits_equal_unpacked(tiny_target):
     examples = [(np.array([5, 9, 1]), np.array([7, 8, 1])), (np.array([6, 1]), np.array([9, 4, 1]))]
     packed = train.make_batch(examples, [[0, 1]], 8, 8)
     single = train.make_batch(examples, [[0], [1]], 8, 8)
-    packed_logits = train._logits(model, params, packed, None)[0]  # [8, V]
-    single_logits = train._logits(model, params, single, None)  # [2, 8, V]
+    packed_logits = model.logits(params, packed)[0]  # [8, V]
+    single_logits = model.logits(params, single)  # [2, 8, V]
     np.testing.assert_allclose(packed_logits[:3], single_logits[0, :3], atol=1e-5)
     np.testing.assert_allclose(packed_logits[3:6], single_logits[1, :3], atol=1e-5)
 
@@ -83,7 +83,7 @@ def test_distillation_loss_zero_kl_against_itself(tiny_target):
     model = models.EncoderDecoderModel(module)
     examples = train.tokenize(copy_pairs(6, 1), DigitVocabulary(), "", 8, 8, drop_long=True)
     batch = train.make_batch(examples, [[0, 1], [2, 3]], 16, 16)
-    p_logits = train._logits(model, params, batch, None)
+    p_logits = model.logits(params, batch)
     loss, m = train.distillation_loss(model, params, p_logits, batch, None, distill_weight=1.0)
     assert abs(float(m["kl"])) < 1e-5 and abs(float(loss)) < 1e-5
     np.testing.assert_allclose(m["alpha"], 1.0, atol=1e-5)  # q = p accepts everything
