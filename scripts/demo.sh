@@ -2,14 +2,16 @@
 # The main job on the embedded default: speculative vs baseline decoding of DDTP En→De test
 # sentences with the shipped target and T5 draft, at T = 0 (argmax) and T = 1 (sampling).
 #
-#   bash scripts/demo.sh            # NUM_EXAMPLES=100 OUT=results/demo by default
+#   bash scripts/demo.sh            # NUM_EXAMPLES=100 OUT=runs/demo (untracked) by default
 #
+# The committed results/demo/ was made with `OUT=results/demo bash scripts/demo.sh`.
 # Sets up .venv if missing, builds the Debian corpus if missing (apt, ~20 s), runs the two eval
 # jobs, prints a Table-2-shaped table and where the results went.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NUM_EXAMPLES=${NUM_EXAMPLES:-100}
-OUT=${OUT:-results/demo}
+OUT=${OUT:-runs/demo}
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}  # quiet TensorFlow (imported by seqio)
 if [ ! -x .venv/bin/python ]; then
   python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
 fi

@@ -9,12 +9,15 @@ by `gin/runs/eval.gin`, saves the operative config with the results and prints t
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 
 import gin
 
 from specdec_t5x import evaluation, gin_utils
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (imported by seqio) is chatty
 
 
 def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
