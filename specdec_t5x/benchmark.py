@@ -284,13 +284,23 @@ def time_decoder_steps(
 
 
 def git_commit(repo: str | os.PathLike = ".") -> str:
-    """HEAD commit, with '-dirty' when the work tree has changes; 'unknown' outside git."""
+    """HEAD commit, with '-dirty' when tracked files outside `results/` and `runs/` (the outputs
+    of runs) have changes; 'unknown' outside git."""
     try:
         run = lambda *args: subprocess.run(
             ["git", *args], cwd=repo, capture_output=True, text=True, check=True
         ).stdout.strip()
         commit = run("rev-parse", "HEAD")
-        return commit + ("-dirty" if run("status", "--porcelain") else "")
+        changed = run(
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":(exclude)results",
+            ":(exclude)runs",
+        )
+        return commit + ("-dirty" if changed else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
