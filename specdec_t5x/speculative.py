@@ -152,7 +152,7 @@ def speculative_sample(
         raise ValueError(
             f"max_decode_steps must be in [0, max_decode_len={max_len}]; got {max_decode_steps}."
         )
-    vocab = _check_vocab(
+    _check_vocab(
         target_tokens_to_logits, target_cache, draft_tokens_to_logits, draft_cache, batch, eos_id
     )
     greedy = sampling.is_greedy(temperature)
@@ -314,7 +314,6 @@ def speculative_sample(
         )
 
     final = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, init)
-    del vocab
     return final.buffer[:, 1 : max_len + 1], final.stats
 
 
