@@ -56,6 +56,21 @@ def _prepare_summary(summary: str) -> str:
     return summary.replace(" . ", " .\n")
 
 
+def _pair_scores(targets, predictions, score_keys, **kwargs):
+    """RougeScorer scores of each (target, prediction) pair, sentence breaks marked for rougeLsum.
+
+    Raises:
+      ValueError: targets and predictions differ in length.
+    """
+    from rouge_score import rouge_scorer  # Lazy: see the module docstring.
+
+    if len(targets) != len(predictions):
+        raise ValueError(f"{len(targets)} targets but {len(predictions)} predictions")
+    scorer = rouge_scorer.RougeScorer(rouge_types=list(score_keys), **kwargs)
+    for target, prediction in zip(targets, predictions, strict=True):
+        yield scorer.score(target=_prepare_summary(target), prediction=_prepare_summary(prediction))
+
+
 def rouge(
     targets: Sequence[str],
     predictions: Sequence[str],
@@ -77,16 +92,11 @@ def rouge(
     Raises:
       ValueError: targets and predictions differ in length.
     """
-    from rouge_score import rouge_scorer, scoring  # Lazy: see the module docstring.
+    from rouge_score import scoring  # Lazy: see the module docstring.
 
-    if len(targets) != len(predictions):
-        raise ValueError(f"{len(targets)} targets but {len(predictions)} predictions")
-    scorer = rouge_scorer.RougeScorer(rouge_types=list(score_keys), **kwargs)
     aggregator = scoring.BootstrapAggregator()
-    for target, prediction in zip(targets, predictions, strict=True):
-        aggregator.add_scores(
-            scorer.score(target=_prepare_summary(target), prediction=_prepare_summary(prediction))
-        )
+    for scores in _pair_scores(targets, predictions, score_keys, **kwargs):
+        aggregator.add_scores(scores)
     result = aggregator.aggregate()
     return {key: result[key].mid.fmeasure * 100 for key in score_keys}
 
@@ -111,16 +121,8 @@ def rouge_mean(
     Raises:
       ValueError: targets and predictions differ in length.
     """
-    from rouge_score import rouge_scorer  # Lazy: see the module docstring.
-
-    if len(targets) != len(predictions):
-        raise ValueError(f"{len(targets)} targets but {len(predictions)} predictions")
-    scorer = rouge_scorer.RougeScorer(rouge_types=list(score_keys), **kwargs)
     totals: dict[str, float] = {key: 0.0 for key in score_keys}
-    for target, prediction in zip(targets, predictions, strict=True):
-        scores = scorer.score(
-            target=_prepare_summary(target), prediction=_prepare_summary(prediction)
-        )
+    for scores in _pair_scores(targets, predictions, score_keys, **kwargs):
         for key in score_keys:
             totals[key] += scores[key].fmeasure
     return {key: 100 * totals[key] / max(len(targets), 1) for key in score_keys}
