@@ -144,7 +144,7 @@ def hf_config(config: network.T5Config) -> dict[str, Any]:
         "relative_attention_num_buckets": network.NUM_BUCKETS,
         "relative_attention_max_distance": network.MAX_DISTANCE,
         "dropout_rate": float(config.dropout_rate),
-        "layer_norm_epsilon": 1e-6,
+        "layer_norm_epsilon": float(config.layer_norm_epsilon),
         "initializer_factor": 1.0,
         "feed_forward_proj": proj,
         "dense_act_fn": "gelu_new" if proj == "gated-gelu" else proj.split("-")[-1],
@@ -163,8 +163,7 @@ def config_from_hf(hf: Mapping[str, Any], dtype=jnp.float32) -> network.T5Config
     """The `network.T5Config` of an HF T5 `config.json` dict (logits handled by `import_hf`).
 
     Raises:
-      ValueError: settings our network does not implement (bucket count, distance, epsilon,
-        activation).
+      ValueError: settings our network does not implement (bucket count, distance, activation).
     """
     for key, want in (
         ("relative_attention_num_buckets", network.NUM_BUCKETS),
@@ -172,8 +171,6 @@ def config_from_hf(hf: Mapping[str, Any], dtype=jnp.float32) -> network.T5Config
     ):
         if int(hf.get(key, want)) != want:
             raise ValueError(f"HF config {key}={hf[key]} unsupported (our T5 uses {want}).")
-    if abs(float(hf.get("layer_norm_epsilon", 1e-6)) - 1e-6) > 1e-12:
-        raise ValueError(f"HF config layer_norm_epsilon={hf['layer_norm_epsilon']} unsupported.")
     by_proj = {v: k for k, v in _FEED_FORWARD.items()}
     proj = hf.get("feed_forward_proj", "relu")
     if proj not in by_proj:
@@ -190,6 +187,7 @@ def config_from_hf(hf: Mapping[str, Any], dtype=jnp.float32) -> network.T5Config
         mlp_activations=by_proj[proj],
         dropout_rate=float(hf.get("dropout_rate", 0.1)),
         logits_via_embedding=False,
+        layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-6)),
     )
 
 

@@ -69,6 +69,11 @@ class T5Config:
       logits_via_embedding: tie the logits layer to the embedding (T5 1.0) instead of
         `decoder/logits_dense` (v1.1).
       float32_attention_logits: compute q.k in float32 (softmax is float32 regardless).
+      layer_norm_epsilon: ε of every RMSNorm (T5X's `LayerNorm.epsilon`, 1e-6); `widen.widen`
+        scales it by d_old / d_new to keep a widened network's function.
+      scan_layers: stack the layers of each stack under one `layers` module run by `nn.scan`
+        (parameters and caches gain a leading layer axis; `widen.stack_layers` maps a
+        `layers_{i}` tree to it). Compiles one layer instead of all of them.
     """
 
     vocab_size: int
@@ -83,6 +88,8 @@ class T5Config:
     dropout_rate: float = 0.1
     logits_via_embedding: bool = False
     float32_attention_logits: bool = False
+    layer_norm_epsilon: float = 1e-6
+    scan_layers: bool = False
 
     def __post_init__(self):
         """Raises ValueError naming a bad field (e.g. a gin macro left as %gin.REQUIRED)."""
@@ -102,6 +109,10 @@ class T5Config:
             raise ValueError(
                 f"T5Config.dropout_rate must be a float in [0, 1); got {self.dropout_rate!r} "
                 "(is a gin macro such as DROPOUT_RATE still %gin.REQUIRED?)."
+            )
+        if not isinstance(self.layer_norm_epsilon, int | float) or self.layer_norm_epsilon <= 0:
+            raise ValueError(
+                f"T5Config.layer_norm_epsilon must be a positive float; got {self.layer_norm_epsilon!r}."
             )
         if not self.mlp_activations:
             raise ValueError("T5Config.mlp_activations must name at least one activation.")
@@ -325,12 +336,12 @@ class EncoderLayer(nn.Module):
         drop = functools.partial(
             nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,)), deterministic=not enable_dropout
         )
-        y = LayerNorm(cfg.dtype, name="pre_attention_layer_norm")(x)
+        y = LayerNorm(cfg.dtype, cfg.layer_norm_epsilon, name="pre_attention_layer_norm")(x)
         y = MultiHeadAttention(cfg, name="attention")(
             y, y, mask, bias, enable_dropout=enable_dropout
         )
         x = x + drop(y)
-        y = LayerNorm(cfg.dtype, name="pre_mlp_layer_norm")(x)
+        y = LayerNorm(cfg.dtype, cfg.layer_norm_epsilon, name="pre_mlp_layer_norm")(x)
         y = MlpBlock(cfg, name="mlp")(y, enable_dropout)
         return x + drop(y)
 
@@ -344,7 +355,7 @@ class DecoderLayer(nn.Module):
         drop = functools.partial(
             nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,)), deterministic=not enable_dropout
         )
-        y = LayerNorm(cfg.dtype, name="pre_self_attention_layer_norm")(x)
+        y = LayerNorm(cfg.dtype, cfg.layer_norm_epsilon, name="pre_self_attention_layer_norm")(x)
         y = MultiHeadAttention(cfg, name="self_attention")(
             y,
             y,
@@ -355,7 +366,7 @@ class DecoderLayer(nn.Module):
             query_positions=positions,
         )
         x = x + drop(y)
-        y = LayerNorm(cfg.dtype, name="pre_cross_attention_layer_norm")(x)
+        y = LayerNorm(cfg.dtype, cfg.layer_norm_epsilon, name="pre_cross_attention_layer_norm")(x)
         y = MultiHeadAttention(cfg, name="encoder_decoder_attention")(
             y,
             encoded,
@@ -365,7 +376,7 @@ class DecoderLayer(nn.Module):
             cache_mode="cross" if decode else None,
         )
         x = x + drop(y)
-        y = LayerNorm(cfg.dtype, name="pre_mlp_layer_norm")(x)
+        y = LayerNorm(cfg.dtype, cfg.layer_norm_epsilon, name="pre_mlp_layer_norm")(x)
         y = MlpBlock(cfg, name="mlp")(y, enable_dropout)
         return x + drop(y)
 
@@ -411,9 +422,8 @@ class Encoder(nn.Module):
         )
         x = self.shared_embedding(tokens)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=not enable_dropout)
-        for i in range(cfg.num_encoder_layers):
-            x = EncoderLayer(cfg, name=f"layers_{i}")(x, mask, bias, enable_dropout)
-        x = LayerNorm(cfg.dtype, name="encoder_norm")(x)
+        x = _layer_stack(EncoderLayer, cfg, cfg.num_encoder_layers, x, mask, bias, enable_dropout)
+        x = LayerNorm(cfg.dtype, cfg.layer_norm_epsilon, name="encoder_norm")(x)
         return nn.Dropout(cfg.dropout_rate)(x, deterministic=not enable_dropout)
 
 
@@ -437,7 +447,7 @@ class Decoder(nn.Module):
         cfg = self.config
         positions = _positions_or_arange(decoder_positions, decoder_input_tokens)
         enc_valid = encoder_input_tokens > 0  # [b, enc_len]
-        initialising = decode and not self.has_variable("cache", "layers_0")
+        initialising = decode and not self.has_variable("cache", _first_layer(cfg))
         if decode and not initialising:
             self_mask = None  # built from positions against the cache inside the attention
             cross_mask = jnp.broadcast_to(
@@ -465,11 +475,20 @@ class Decoder(nn.Module):
         )
         x = self.shared_embedding(decoder_input_tokens)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=not enable_dropout)
-        for i in range(cfg.num_decoder_layers):
-            x = DecoderLayer(cfg, name=f"layers_{i}")(
-                x, encoded, self_mask, cross_mask, bias, enable_dropout, decode, positions
-            )
-        x = LayerNorm(cfg.dtype, name="decoder_norm")(x)
+        x = _layer_stack(
+            DecoderLayer,
+            cfg,
+            cfg.num_decoder_layers,
+            x,
+            encoded,
+            self_mask,
+            cross_mask,
+            bias,
+            enable_dropout,
+            decode,
+            positions,
+        )
+        x = LayerNorm(cfg.dtype, cfg.layer_norm_epsilon, name="decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=not enable_dropout)
         if cfg.logits_via_embedding:
             logits = self.shared_embedding.attend(x) / jnp.sqrt(x.shape[-1]).astype(x.dtype)
@@ -480,8 +499,33 @@ class Decoder(nn.Module):
 
 def _cache_len(decoder: nn.Module) -> int:
     """Length (max_decode_len) of the decoder self-attention cache."""
-    cache = decoder.variables["cache"]
-    return cache["layers_0"]["self_attention"]["cached_key"].shape[1]
+    cache = decoder.variables["cache"][_first_layer(decoder.config)]
+    return cache["self_attention"]["cached_key"].shape[-3]  # [(layers,) b, len, h, d]
+
+
+def _first_layer(config: T5Config) -> str:
+    return "layers" if config.scan_layers else "layers_0"
+
+
+def _layer_stack(layer_cls, config: T5Config, num_layers: int, x: Array, *args) -> Array:
+    """Applies `num_layers` layers `layer_cls(config)(x, *args)` in sequence (inside a compact
+    method): as modules `layers_{i}` (T5X's names) or, with `config.scan_layers`, as one module
+    `layers` under `nn.scan` whose parameters and cache leaves have a leading layer axis."""
+    if not config.scan_layers:
+        for i in range(num_layers):
+            x = layer_cls(config, name=f"layers_{i}")(x, *args)
+        return x
+
+    def body(layer, carry, _):
+        return layer(carry, *args), None
+
+    scan = nn.scan(
+        body,
+        variable_axes={"params": 0, "cache": 0},
+        split_rngs={"params": True, "dropout": True},
+        length=num_layers,
+    )
+    return scan(layer_cls(config, name="layers"), x, None)[0]
 
 
 class Transformer(nn.Module):

@@ -14,6 +14,9 @@ parameter and activation partitioning) map them to mesh axes::
   */scale (norms)                           [embed]             -> replicated
   cache cached_key / cached_value           [batch, length, heads, kv] -> ('data', None, 'model', None)
 
+With `T5Config(scan_layers=True)` layer parameters and caches have a leading layer axis, which is
+never sharded.
+
 A dimension that the mesh axis does not divide stays replicated (T5X would refuse), so tiny test
 models run on any mesh. Decoding is plain `jax.jit` with `in_shardings`/`out_shardings` plus
 sharding constraints on the caches; XLA inserts the collectives (GSPMD), none are hand-written.
@@ -122,7 +125,10 @@ def param_shardings(params_or_shapes: Any, mesh: Mesh, rules=LOGICAL_AXIS_RULES)
     """A `NamedSharding` for every parameter (arrays or `jax.ShapeDtypeStruct`s), same tree."""
 
     def sharding(path, leaf):
-        axes = param_logical_axes(_path_names(path))
+        names = _path_names(path)
+        axes = param_logical_axes(names)
+        if "layers" in names:  # T5Config(scan_layers=True): a leading, unsharded layer axis
+            axes = (None, *axes)
         return NamedSharding(mesh, logical_to_spec(axes, leaf.shape, mesh, rules))
 
     return jax.tree_util.tree_map_with_path(sharding, params_or_shapes)
@@ -135,6 +141,8 @@ def cache_shardings(cache: Any, mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> Any:
         names = _path_names(path)
         if names and names[-1] in ("cached_key", "cached_value") and len(leaf.shape) == 4:
             axes = ("batch", "length", "heads", "kv")
+        elif names and names[-1] in ("cached_key", "cached_value") and len(leaf.shape) == 5:
+            axes = (None, "batch", "length", "heads", "kv")  # scanned layers
         else:
             axes = ("batch",) + (None,) * (len(leaf.shape) - 1) if leaf.shape else ()
         return NamedSharding(mesh, logical_to_spec(axes, leaf.shape, mesh, rules))
