@@ -191,6 +191,31 @@ class EncoderDecoderModel:
             rngs=rngs,
         )  # [b, L, V]
 
+    def token_losses(self, logits: Array, batch: Mapping[str, Array]):
+        """Per-token cross-entropy (with label smoothing) and z-loss, the weights and the normaliser.
+
+        The pieces of `loss_fn` (T5X's `cross_entropy_with_logits` and `compute_weighted_cross_
+        entropy`), shared with `specdec_t5x.distill.distillation_loss` so both honour
+        `label_smoothing`, `z_loss` and `loss_normalizing_factor`.
+
+        Args:
+          logits: float32 [batch, len, vocab].
+          batch: `decoder_target_tokens` int32 [batch, len]; optional `decoder_loss_weights`
+            (default: targets > 0).
+
+        Returns:
+          (xent float32 [batch, len], z_loss float32 [batch, len], weights float32 [batch, len],
+          normaliser float32 []: `loss_normalizing_factor`, else the number of weighted tokens).
+        """
+        targets = batch["decoder_target_tokens"]
+        weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
+        soft = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), self.label_smoothing)
+        log_z = jax.nn.logsumexp(logits, axis=-1)
+        xent = log_z - jnp.sum(soft * logits, axis=-1)  # [b, L]
+        z = self.z_loss * jnp.square(log_z)
+        norm = self.loss_normalizing_factor or jnp.maximum(jnp.sum(weights), 1.0)
+        return xent, z, weights, jnp.asarray(norm, jnp.float32)
+
     def loss_fn(self, params, batch: Mapping[str, Array], dropout_rng: Array | None):
         """Teacher-forced cross-entropy (+ z-loss) as in T5X.
 
@@ -206,14 +231,8 @@ class EncoderDecoderModel:
         """
         logits = self.logits(params, batch, dropout_rng)
         targets = batch["decoder_target_tokens"]
-        weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
-        vocab = logits.shape[-1]
-        soft = optax.smooth_labels(jax.nn.one_hot(targets, vocab), self.label_smoothing)
-        log_z = jax.nn.logsumexp(logits, axis=-1)
-        xent = log_z - jnp.sum(soft * logits, axis=-1)  # [b, L]
-        z = self.z_loss * jnp.square(log_z)
+        xent, z, weights, norm = self.token_losses(logits, batch)
         num_tokens = jnp.sum(weights)
-        norm = self.loss_normalizing_factor or jnp.maximum(num_tokens, 1.0)
         loss = jnp.sum((xent + z) * weights) / norm
         correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
         metrics = {
