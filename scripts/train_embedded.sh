@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the embedded En→De models shipped in specdec_t5x/assets/models/ (results/training/).
 #
-#   scripts/train_embedded.sh [data|target|draft|report|all]      (default: all)
+#   scripts/train_embedded.sh [data|target|draft|distill|report|all]      (default: all)
 #
 # data:   builds the DDTP corpus (python -m specdec_t5x.data.build) and checks the checksums of
 #         the index files, corpus splits and vocabulary the shipped models were trained on.
@@ -10,6 +10,10 @@
 #         validation loss/BLEU and test BLEU of the exported weights.
 # draft:  trains the draft (gin/models/embedded_ende_draft.gin) by token-level distillation from
 #         the exported target: loss = 0.5 CE(data) + 0.5 KL(p_target || q_draft), same data.
+# distill: on-policy distillation of the draft (DistillSpec; gin/runs/distill.gin): starts from the
+#         shipped draft, batches half ground truth, half decoded by the current draft (T = 0 and 1,
+#         regenerated every 50 steps), loss D(p_target, q_draft) with D = $DIVERGENCE (default fkl);
+#         TARGET_PARAMS_PATH (default: the exported target) picks the target's weights.
 # report: loss curves, decode-step timings and asset sizes into results/training/.
 #
 # Runs are resumable: rerunning a stage after a kill continues from its last orbax checkpoint in
@@ -68,6 +72,22 @@ if [[ $STAGE == draft || $STAGE == all ]]; then
     --gin.train.train.distill_params=%TARGET_PARAMS \
     --gin.train.train.distill_weight=0.5 \
     --gin.train.train.export_path="'$MODELS/embedded_ende_draft/params.msgpack'"
+fi
+
+if [[ $STAGE == distill ]]; then
+  DIVERGENCE=${DIVERGENCE:-fkl}
+  $PY scripts/train.py \
+    --gin_file=gin/models/embedded_ende_target.gin \
+    --gin_file=gin/models/embedded_ende_draft.gin \
+    --gin_file=gin/runs/train.gin \
+    --gin_file=gin/runs/distill.gin \
+    --gin.RUN_DIR="'$RUNS/embedded_ende_draft_distill_$DIVERGENCE'" \
+    --gin.NUM_STEPS=${DISTILL_STEPS:-1000} \
+    --gin.TARGET_PARAMS_PATH="'${TARGET_PARAMS_PATH:-$MODELS/embedded_ende_target/params.msgpack}'" \
+    --gin.DIVERGENCE="'$DIVERGENCE'" \
+    --gin.MIXTURE="{'data': 0.5, 'draft': 0.5}" \
+    --gin.train.train.init_params=%DRAFT_PARAMS \
+    --gin.train.train.export_path="'$RUNS/export/embedded_ende_draft_distill_$DIVERGENCE/params.msgpack'"
 fi
 
 if [[ $STAGE == report || $STAGE == all ]]; then

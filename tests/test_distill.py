@@ -236,3 +236,33 @@ def test_train_on_policy_runs_logs_alpha_and_resumes(tmp_path, tiny_target):
     assert any(k.startswith("alpha_target_t") for k in keys)
     for r in steps:
         assert all(0.0 <= r[k] <= 1.0 for k in r if k.startswith("alpha_"))
+
+
+@pytest.fixture
+def clean_gin():
+    import gin
+
+    gin.clear_config(clear_constants=True)
+    yield
+    gin.clear_config(clear_constants=True)
+
+
+def test_distill_gin_binds_draft_target_and_params_path(clean_gin, tmp_path):
+    import gin
+
+    from specdec_t5x import embedded, gin_utils
+
+    path = tmp_path / "target" / "params.msgpack"
+    embedded.save_params({"w": np.ones(2, np.float32)}, path)
+    files = ["models/embedded_ende_target.gin", "models/embedded_ende_draft.gin"]
+    files += ["runs/train.gin", "runs/distill.gin"]
+    bindings = ["RUN_DIR = '/tmp/unused'", "NUM_STEPS = 10", "VOCABULARY = None"]
+    bindings += [f"TARGET_PARAMS_PATH = '{path}'", "DIVERGENCE = 'tvd'"]
+    bindings += ["gin_utils.build.obj = (%DRAFT_MODEL, %MODEL, %TARGET_PARAMS)"]
+    gin_utils.parse(files, bindings, finalize=False)
+    draft, target, target_params = gin_utils.build()
+    assert draft.module.config.emb_dim == 128 and target.module.config.emb_dim == 256
+    np.testing.assert_array_equal(target_params["w"], [1.0, 1.0])  # the export, not the shipped
+    assert "distill_divergence = %DIVERGENCE" in gin.config_str()
+    assert gin.query_parameter("%DIVERGENCE") == "tvd"
+    assert gin.query_parameter("%MIXTURE") == {"data": 0.5, "draft": 0.5}
