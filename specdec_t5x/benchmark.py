@@ -6,8 +6,8 @@ Speculative decoding's expected speed-up (Leviathan et al., 2022, Theorem 3.8) d
 * the cost of the target's verify call on γ + 1 tokens relative to its one-token step
   (`verify_cost_ratio`; the paper assumes ~1 when the target is memory bound).
 
-`measure_step_costs` times exactly the calls the samplers make (`models.make_block_step` on a
-cache created by `models.init_cache`), with random weights, so any two model sizes can be compared
+`measure_step_costs` times exactly the calls the samplers make (`steps.make_block_step` on a
+cache created by `steps.init_cache`), with random weights, so any two model sizes can be compared
 without checkpoints. Each step is jit-compiled once, warmed up, then timed with
 `block_until_ready` in interleaved rounds (target, draft, verify, in rotating order) so that
 machine noise hits all three alike; the median of the rounds is reported.
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import models, network
+from specdec_t5x import models, network, steps
 
 
 @dataclasses.dataclass
@@ -51,13 +51,10 @@ def _random_decoder(config: network.T5Config, batch: int, enc_len: int, max_len:
     tokens = jax.random.randint(key, (batch, enc_len), 2, config.vocab_size).astype(jnp.int32)
 
     def new_cache(params, tokens):
-        encoded = models.encode(module, params, tokens)
-        return models.init_cache(module, params, encoded, tokens, max_len)
+        return steps.prepare_cache(module, params, tokens, max_len)
 
     def step(params, encoder_input_tokens, tokens, positions, cache):
-        return models.make_block_step(module, params, encoder_input_tokens)(
-            tokens, positions, cache
-        )
+        return steps.make_block_step(module, params, encoder_input_tokens)(tokens, positions, cache)
 
     cache = jax.jit(new_cache)(params, tokens)
     return _Decoder(params, tokens, cache, jax.jit(step, donate_argnums=(4,)))

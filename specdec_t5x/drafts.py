@@ -1,11 +1,16 @@
 """Drafts (M_q) behind one block-step contract, so any draft pairs with any target.
 
-Every draft exposes `params` (a pytree, passed to jitted code as an argument) and
-`prepare(params, encoder_input_tokens, max_decode_len) -> (cache, step)` where `step` follows the
-block-step contract of `models` / `speculative`::
+Every draft exposes `params` (a pytree, passed to jitted code as an argument) and two separate
+halves, so a timer can build the cache once and time only the step:
 
-  step(tokens int32 [batch, k], positions int32 [batch], cache)
-      -> (logits float32 [batch, k, vocab], cache)
+* `init_cache(params, encoder_input_tokens, max_decode_len) -> cache` (the T5 draft's encoder pass
+  and cache set-up happen here, once per batch);
+* `make_step(params, encoder_input_tokens) -> step`, a `steps.BlockStep`::
+
+    step(tokens int32 [batch, k], positions int32 [batch], cache)
+        -> (logits float32 [batch, k, vocab], cache)
+
+`prepare(...) -> (cache, step)` is both at once (what `SpeculativeEncoderDecoderModel` calls).
 
 Drafts here:
 
@@ -29,21 +34,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import models, network, sampling
+from specdec_t5x import network, sampling, steps
 
 Array = jax.Array
 
 
 class Draft(Protocol):
-    """What `SpeculativeEncoderDecoderModel` needs from a draft."""
+    """What `SpeculativeEncoderDecoderModel` needs from a draft (drafts here subclass it)."""
 
     params: Any
 
+    def init_cache(self, params, encoder_input_tokens: Array, max_decode_len: int) -> Any:
+        """The draft's fresh cache for int32 [batch, enc_len] inputs and L = max_decode_len."""
+        ...
+
+    def make_step(self, params, encoder_input_tokens: Array) -> steps.BlockStep:
+        """The draft's block step over a cache from `init_cache` (same batch)."""
+        ...
+
     def prepare(self, params, encoder_input_tokens: Array, max_decode_len: int):
-        """Returns `(cache, step)` for this batch (see the module docstring)."""
+        """Returns `(cache, step)`: `init_cache` and `make_step` for this batch."""
+        cache = self.init_cache(params, encoder_input_tokens, max_decode_len)
+        return cache, self.make_step(params, encoder_input_tokens)
 
 
-class T5Draft:
+class T5Draft(Draft):
     """A T5 network as the draft (the paper's T5-small/base/large drafts).
 
     Args:
@@ -55,12 +70,11 @@ class T5Draft:
         self.module = module
         self.params = params
 
-    def prepare(self, params, encoder_input_tokens, max_decode_len):
-        encoded = models.encode(self.module, params, encoder_input_tokens)
-        cache = models.init_cache(
-            self.module, params, encoded, encoder_input_tokens, max_decode_len
-        )
-        return cache, models.make_block_step(self.module, params, encoder_input_tokens)
+    def init_cache(self, params, encoder_input_tokens, max_decode_len):
+        return steps.prepare_cache(self.module, params, encoder_input_tokens, max_decode_len)
+
+    def make_step(self, params, encoder_input_tokens):
+        return steps.make_block_step(self.module, params, encoder_input_tokens)
 
 
 def _no_cache(batch: int) -> dict[str, Array]:
@@ -68,7 +82,7 @@ def _no_cache(batch: int) -> dict[str, Array]:
     return {"unused": jnp.zeros((batch,), jnp.int32)}
 
 
-class UnigramDraft:
+class UnigramDraft(Draft):
     """Context-free draft: q(x) = unigram frequency of x in the training targets.
 
     Args:
@@ -78,18 +92,19 @@ class UnigramDraft:
     def __init__(self, log_probs):
         self.params = {"log_probs": jnp.asarray(log_probs, jnp.float32)}
 
-    def prepare(self, params, encoder_input_tokens, max_decode_len):
-        del max_decode_len
+    def init_cache(self, params, encoder_input_tokens, max_decode_len):
+        return _no_cache(encoder_input_tokens.shape[0])
 
+    def make_step(self, params, encoder_input_tokens):
         def step(tokens, positions, cache):
             del positions
             shape = tokens.shape + params["log_probs"].shape  # [b, k, V]
             return jnp.broadcast_to(params["log_probs"], shape), cache
 
-        return _no_cache(encoder_input_tokens.shape[0]), step
+        return step
 
 
-class BigramDraft:
+class BigramDraft(Draft):
     """q(x | previous token): interpolated bigram over the training targets, stored sparsely.
 
     For each previous token the `top` most frequent successors keep their bigram probability
@@ -110,8 +125,10 @@ class BigramDraft:
             "backoff_log_probs": jnp.asarray(backoff_log_probs, jnp.float32),
         }
 
-    def prepare(self, params, encoder_input_tokens, max_decode_len):
-        del max_decode_len
+    def init_cache(self, params, encoder_input_tokens, max_decode_len):
+        return _no_cache(encoder_input_tokens.shape[0])
+
+    def make_step(self, params, encoder_input_tokens):
         unigram, log_backoff = params["backoff_log_probs"]  # [V], [V]
 
         def step(tokens, positions, cache):
@@ -125,7 +142,7 @@ class BigramDraft:
             probs = probs.at[bi, ki, ids].add(succ)  # add (not set): duplicate ids stay correct
             return jnp.log(probs), cache
 
-        return _no_cache(encoder_input_tokens.shape[0]), step
+        return step
 
 
 def fit_ngram_drafts(
@@ -224,7 +241,7 @@ def load_ngram_draft(kind: str, name: str = "ngram_ende", path=None):
     raise ValueError(f"kind must be 'unigram' or 'bigram'; got {kind!r}.")
 
 
-class SourceCopyDraft:
+class SourceCopyDraft(Draft):
     """Prompt lookup over the encoder input: copy what followed the recent output n-gram.
 
     At each position the draft takes the last `max_ngram` decoder tokens, finds the source
@@ -244,15 +261,17 @@ class SourceCopyDraft:
         self.max_ngram = max_ngram
         self.params = {}
 
-    def prepare(self, params, encoder_input_tokens, max_decode_len):
+    def init_cache(self, params, encoder_input_tokens, max_decode_len):
+        return {"tokens": jnp.zeros((encoder_input_tokens.shape[0], max_decode_len), jnp.int32)}
+
+    def make_step(self, params, encoder_input_tokens):
         del params
         src = encoder_input_tokens  # [b, S]
         batch, src_len = src.shape
-        cache = {"tokens": jnp.zeros((batch, max_decode_len), jnp.int32)}
         vocab, max_ngram = self.vocab_size, self.max_ngram
 
         def step(tokens, positions, cache):
-            k = tokens.shape[1]
+            k, max_decode_len = tokens.shape[1], cache["tokens"].shape[1]
             pos = positions[:, None] + jnp.arange(k)  # [b, k]
             rows = jnp.arange(batch)[:, None]
             history = cache["tokens"].at[rows, pos].set(tokens, mode="drop")
@@ -279,4 +298,4 @@ class SourceCopyDraft:
             logits = jnp.where(found[..., None], one_hot, 0.0)
             return logits, {"tokens": history}
 
-        return cache, step
+        return step

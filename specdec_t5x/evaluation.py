@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from specdec_t5x import benchmark, models, sampling, speculative, theory
+from specdec_t5x import benchmark, models, sampling, speculative, steps, theory
 
 
 def load_examples(
@@ -140,13 +140,13 @@ def measure_step_costs(
     target_cache = jax.jit(lambda tp, e: spec_model.decoder_state(tp, e, max_decode_len)[0])(
         target_params, enc
     )
-    draft_cache = jax.jit(lambda dp, e: draft.prepare(dp, e, max_decode_len)[0])(draft_params, enc)
+    draft_cache = jax.jit(lambda dp, e: draft.init_cache(dp, e, max_decode_len))(draft_params, enc)
 
     def target_step(tp, e, tokens, pos, cache):
-        return models.make_block_step(module, tp, e)(tokens, pos, cache)
+        return steps.make_block_step(module, tp, e)(tokens, pos, cache)
 
     def draft_step(dp, e, tokens, pos, cache):
-        return draft.prepare(dp, e, max_decode_len)[1](tokens, pos, cache)
+        return draft.make_step(dp, e)(tokens, pos, cache)  # the cache is built once, above
 
     return benchmark.time_decoder_steps(
         target_step,

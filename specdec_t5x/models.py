@@ -9,13 +9,8 @@ Glue only: encode once, build the cache, build a step closure, call an injectabl
   `predict_batch_with_aux` calls `speculative.speculative_sample` and returns its statistics in the
   aux dict, so a T5X-shaped eval loop runs it unchanged (T5X's "Option 2", like `contrib/calm`).
 
-Both closures handed to samplers follow the *block-step contract*::
-
-  step(tokens int32 [batch, k], positions int32 [batch], cache)
-      -> (logits float32 [batch, k, vocab], cache)
-
-where `tokens[:, j]` is the decoder input at absolute position `positions + j` (position 0 holds the
-decoder start token 0) and `logits[:, j]` is the distribution of the output token at that position.
+Both closures handed to samplers follow the block-step contract `steps.BlockStep`; `encode`,
+`init_cache`, `make_block_step` and `BlockStep` are re-exported from `steps`.
 """
 
 from __future__ import annotations
@@ -27,10 +22,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from specdec_t5x import decoding, network
+from specdec_t5x import decoding, network, steps
 
 Array = jax.Array
-BlockStep = Callable[[Array, Array, Any], tuple[Array, Any]]
 
 
 def _require(batch: Mapping[str, Array], *keys: str) -> None:
@@ -39,68 +33,12 @@ def _require(batch: Mapping[str, Array], *keys: str) -> None:
         raise ValueError(f"batch is missing feature(s) {missing}; it has {sorted(batch)}.")
 
 
-def encode(module: network.Transformer, params, encoder_input_tokens: Array) -> Array:
-    """Encoder output dtype [batch, enc_len, emb] (dropout off)."""
-    return module.apply(
-        {"params": params}, encoder_input_tokens, enable_dropout=False, method=module.encode
-    )
-
-
-def init_cache(module, params, encoded: Array, encoder_input_tokens: Array, max_decode_len: int):
-    """Creates the decode cache as T5X does: one `decode=True` apply on full-length inputs.
-
-    Args:
-      module: the `network.Transformer`.
-      params: its parameters.
-      encoded: dtype [batch, enc_len, emb] encoder output (its cross-attention K/V get cached).
-      encoder_input_tokens: int32 [batch, enc_len].
-      max_decode_len: decoder length L; the self-attention cache holds positions 0..L-1.
-
-    Returns:
-      The `'cache'` collection (see `network` for the layout).
-    """
-    dummy = jnp.ones((encoder_input_tokens.shape[0], max_decode_len), jnp.int32)
-    _, variables = module.apply(
-        {"params": params},
-        encoded,
-        encoder_input_tokens,
-        dummy,
-        dummy,
-        enable_dropout=False,
-        decode=True,
-        mutable=["cache"],
-        method=module.decode,
-    )
-    return variables["cache"]
-
-
-def make_block_step(module, params, encoder_input_tokens: Array) -> BlockStep:
-    """The block-step closure over a cached decoder (see the module docstring for the contract).
-
-    Args:
-      module: the `network.Transformer`.
-      params: its parameters.
-      encoder_input_tokens: int32 [batch, enc_len] (cross-attention padding mask); the batch must
-        match the cache's.
-    """
-
-    def step(tokens: Array, positions: Array, cache) -> tuple[Array, Any]:
-        k = tokens.shape[1]
-        token_positions = positions[:, None] + jnp.arange(k, dtype=jnp.int32)  # [b, k]
-        logits, variables = module.apply(
-            {"params": params, "cache": cache},
-            None,  # encoded: cross K/V are read from the cache
-            encoder_input_tokens,
-            tokens,
-            decoder_positions=token_positions,
-            enable_dropout=False,
-            decode=True,
-            mutable=["cache"],
-            method=module.decode,
-        )
-        return logits, variables["cache"]
-
-    return step
+# The step-function layer lives in `steps`; these names stay public here (T5X keeps its decoding
+# callables next to the model glue too).
+BlockStep = steps.BlockStep
+encode = steps.encode
+init_cache = steps.init_cache
+make_block_step = steps.make_block_step
 
 
 def one_token_logits_fn(block_step: BlockStep) -> decoding.TokensToLogits:
@@ -254,9 +192,8 @@ class EncoderDecoderModel:
 
     def decoder_state(self, params, encoder_input_tokens: Array, max_decode_len: int):
         """Encodes once and returns `(cache, block_step)` for this model's decoder."""
-        encoded = encode(self.module, params, encoder_input_tokens)
-        cache = init_cache(self.module, params, encoded, encoder_input_tokens, max_decode_len)
-        return cache, make_block_step(self.module, params, encoder_input_tokens)
+        cache = steps.prepare_cache(self.module, params, encoder_input_tokens, max_decode_len)
+        return cache, steps.make_block_step(self.module, params, encoder_input_tokens)
 
     def predict_batch(self, params, batch, rng=None, **kwargs) -> Array:
         """Best decodes int32 [batch, max_decode_len] (T5X `predict_batch`)."""
@@ -294,7 +231,7 @@ class EncoderDecoderModel:
         cache, block_step = self.decoder_state(params, enc, inputs.shape[1])
         if num_decodes > 1:
             # The cache is expanded by the decode fn; the step closure needs expanded inputs.
-            block_step = make_block_step(self.module, params, jnp.repeat(enc, num_decodes, 0))
+            block_step = steps.make_block_step(self.module, params, jnp.repeat(enc, num_decodes, 0))
         kwargs = {**self.default_decoder_params, **dict(decoder_params or {})}
         decodes, scores = self.decode_fn(
             inputs=inputs,

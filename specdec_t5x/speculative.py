@@ -30,17 +30,16 @@ then feeds two tokens (d_γ, bonus) instead of one (`draft_behind`), so no extra
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import flax
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x import sampling
+from specdec_t5x import sampling, steps
+from specdec_t5x import verification as verify
 
 Array = jax.Array
-BlockStep = Callable[[Array, Array, Any], tuple[Array, Any]]
 
 
 @flax.struct.dataclass
@@ -58,6 +57,7 @@ class SpeculativeStats:
       num_beta: int32 [batch] number of β terms in `beta_sum`.
       num_generated: int32 [batch] tokens written by the loop (forced prompt excluded, EOS
         included); tokens per iteration = num_generated / num_iterations.
+      num_proposed: int32 [batch] draft tokens proposed (γ per iteration; fewer with early exit).
     """
 
     num_iterations: Array
@@ -67,6 +67,7 @@ class SpeculativeStats:
     beta_sum: Array
     num_beta: Array
     num_generated: Array
+    num_proposed: Array
 
 
 @flax.struct.dataclass
@@ -96,9 +97,9 @@ class _LoopState:
 def speculative_sample(
     inputs: Array,
     target_cache: Any,
-    target_tokens_to_logits: BlockStep,
+    target_tokens_to_logits: steps.BlockStep,
     draft_cache: Any,
-    draft_tokens_to_logits: BlockStep,
+    draft_tokens_to_logits: steps.BlockStep,
     eos_id: int,
     *,
     gamma: int,
@@ -107,6 +108,8 @@ def speculative_sample(
     topk: int = 0,
     topp: float = 0.0,
     max_decode_steps: int | None = None,
+    verification: str = "token",
+    draft_confidence_threshold: float = 0.0,
 ) -> tuple[Array, SpeculativeStats]:
     """Decodes with the target's exact output distribution, calling it once per γ + 1 tokens.
 
@@ -119,7 +122,7 @@ def speculative_sample(
         (prefilled into both caches). Tokens after the first zero are ignored.
       target_cache: cache pytree of the target closure.
       target_tokens_to_logits: target block step `(tokens int32 [batch, k], positions int32
-        [batch], cache) -> (logits float32 [batch, k, vocab], cache)` (see `models`).
+        [batch], cache) -> (logits float32 [batch, k, vocab], cache)` (`steps.BlockStep`).
       draft_cache: cache pytree of the draft closure.
       draft_tokens_to_logits: draft block step with the same contract and vocabulary size.
       eos_id: end-of-sequence id.
@@ -130,18 +133,35 @@ def speculative_sample(
       topk: top-k filter applied to both p and q (0 = off).
       topp: nucleus filter applied to both p and q (0 = off).
       max_decode_steps: optional limit on generated tokens per row (prompt excluded), as T5X.
+      verification: 'token' (Algorithm 1, token by token) or 'block' (block verification, Sun et
+        al., ICLR 2025: same drafts and target call, at least as many accepted drafts per
+        iteration, same output distribution); see `verification`. Argmax mode is the same for both.
+      draft_confidence_threshold: static early exit in [0, 1): a row stops drafting after the first
+        draft whose distribution has max q below it (γ is then the maximum block length; the
+        target scores only the longest row's block). 0 = off. Output distribution unchanged.
 
     Returns:
       decodes: int32 [batch, max_decode_len]: prompt, generated tokens, EOS, then zeros.
       stats: `SpeculativeStats`.
 
     Raises:
-      ValueError: γ < 1, temperature < 0 or not a static number, topk < 0, topp outside [0, 1],
+      ValueError: γ < 1, unknown verification, threshold outside [0, 1), temperature < 0 or not a static number, topk < 0, topp outside [0, 1],
         topk and topp both set, target and draft vocabularies of different size, eos_id outside
         the vocabulary, inputs not 2-D, or max_decode_steps outside [0, max_decode_len].
     """
     if not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma must be an int >= 1; got gamma={gamma!r}.")
+    if verification not in verify.VERIFICATIONS:
+        raise ValueError(
+            f"verification must be one of {verify.VERIFICATIONS}; got verification={verification!r}."
+        )
+    accept_fn = verify.block_accept if verification == "block" else verify.token_accept
+    threshold = draft_confidence_threshold
+    if not isinstance(threshold, int | float) or not 0.0 <= threshold < 1.0:
+        raise ValueError(
+            "draft_confidence_threshold must be a static number in [0, 1) (0 = off); got "
+            f"draft_confidence_threshold={threshold!r}."
+        )
     if not isinstance(temperature, int | float):
         raise ValueError(f"temperature must be a static Python number; got {type(temperature)}.")
     sampling.validate(temperature, topk, topp)
@@ -194,17 +214,18 @@ def speculative_sample(
             beta_sum=jnp.zeros((batch,), jnp.float32),
             num_beta=jnp.zeros((batch,), jnp.int32),
             num_generated=jnp.zeros((batch,), jnp.int32),
+            num_proposed=jnp.zeros((batch,), jnp.int32),
         ),
     )
     adjust = lambda logits: sampling.adjust_logits(logits, temperature, topk, topp)
 
     def body(state: _LoopState) -> _LoopState:
-        rng, draft_rng, accept_rng, residual_rng = jax.random.split(state.rng, 4)
+        rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
         n, active = state.length, ~state.done
         rows = jnp.arange(batch)
         last = state.buffer[rows, n - 1]  # [b] last token, fed at position n - 1
 
-        # 1. Draft γ tokens autoregressively (q_1..q_γ, d_1..d_γ).
+        # 1. Draft up to γ tokens autoregressively (q_1..q_γ, d_1..d_γ; `_draft_block`).
         def propose(logits, key):
             if greedy:
                 return sampling.argmax(logits), None
@@ -228,47 +249,36 @@ def speculative_sample(
 
             return jax.lax.cond(jnp.any(state.draft_behind & active), two_tokens, one_token, dc)
 
-        draft_keys = jax.random.split(draft_rng, gamma)
         logits0, dc = first_draft_call(state.draft_cache)
-        token, q0 = propose(logits0, draft_keys[0])
+        drafts, q, num_drafts, dc = _draft_block(
+            draft_tokens_to_logits, propose, logits0, dc, n, draft_rng, active, gamma, threshold
+        )
 
-        def draft_step(carry, j):
-            token, dc = carry
-            logits, dc = draft_tokens_to_logits(token[:, None], n - 1 + j, dc)
-            token, q = propose(logits[:, 0], draft_keys[j])
-            return (token, dc), (token, q)
-
-        (_, dc), (rest_tokens, rest_q) = jax.lax.scan(draft_step, (token, dc), jnp.arange(1, gamma))
-        drafts = jnp.concatenate([token[:, None], rest_tokens.T], axis=1)  # [b, γ]
-
-        # 2. One target call scores all γ + 1 prefixes (p_1..p_{γ+1}).
+        # 2. One target call scores all γ + 1 prefixes (p_1..p_{γ+1}); with early exit it scores
+        # only the longest row's block (one compiled call per block length, chosen by lax.switch).
         block = jnp.concatenate([last[:, None], drafts], axis=1)  # [b, γ + 1]
-        target_logits, tc = target_tokens_to_logits(block, n - 1, state.target_cache)
 
-        # 3. Accept/reject; n_accepted and the extra token t.
-        if greedy:
-            target_argmax = sampling.argmax(target_logits)  # [b, γ + 1]
-            accept = drafts == target_argmax[:, :gamma]
-            n_accepted = jnp.sum(jnp.cumprod(accept, axis=1), axis=1)
-            extra = target_argmax[rows, n_accepted]
-            beta = accept.astype(jnp.float32)  # one-hot p and q: β = [argmax p == argmax q]
+        def verify_call(k):
+            def call(tc):
+                logits, tc = target_tokens_to_logits(block[:, : k + 1], n - 1, tc)
+                return jnp.pad(logits, ((0, 0), (0, gamma - k), (0, 0))), tc  # -> [b, γ + 1, V]
+
+            return call
+
+        if threshold > 0:
+            longest = jnp.max(jnp.where(active, num_drafts, 1))
+            calls = [verify_call(k) for k in range(1, gamma + 1)]
+            target_logits, tc = jax.lax.switch(longest - 1, calls, state.target_cache)
         else:
-            q = jnp.concatenate([q0[:, None], jnp.moveaxis(rest_q, 0, 1)], axis=1)  # [b, γ, V]
+            target_logits, tc = verify_call(gamma)(state.target_cache)
+
+        # 3. Accept/reject (`verification`): n_accepted and the extra token t.
+        if greedy:
+            verdict = verify.greedy_accept(drafts, target_logits, num_drafts)
+        else:
             p = jax.nn.softmax(adjust(target_logits), axis=-1)  # [b, γ + 1, V]
-            p_d = jnp.take_along_axis(p[:, :gamma], drafts[..., None], axis=-1)[..., 0]
-            q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
-            r = jax.random.uniform(accept_rng, (batch, gamma))
-            accept = r * q_d < p_d  # probability min(1, p/q), no division
-            n_accepted = jnp.sum(jnp.cumprod(accept, axis=1), axis=1)
-            p_next = p[rows, n_accepted]  # [b, V]
-            q_next = jnp.where(
-                (n_accepted < gamma)[:, None], q[rows, jnp.minimum(n_accepted, gamma - 1)], 0.0
-            )
-            residual = jnp.maximum(p_next - q_next, 0.0)
-            mass = jnp.sum(residual, axis=-1, keepdims=True)
-            residual = jnp.where(mass > 0, residual, p_next)  # p == q: fall back to p
-            extra = jax.random.categorical(residual_rng, jnp.log(residual), axis=-1)
-            beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)  # [b, γ]
+            verdict = accept_fn(verify_rng, drafts, q, p, num_drafts)
+        n_accepted, extra, beta = verdict
 
         # 4. Emit d_1..d_{n_accepted}, t; cut at EOS and at the row's length limit.
         slots = jnp.arange(gamma + 1)
@@ -289,7 +299,7 @@ def speculative_sample(
         ended = active & ((first_eos < num_new) | (new_length - 1 >= limit))
 
         # 5. Statistics of this iteration (zero for rows already done).
-        tested = jnp.minimum(jnp.minimum(n_accepted + 1, gamma), num_new)
+        tested = jnp.minimum(jnp.minimum(n_accepted + 1, num_drafts), num_new)
         accepted = jnp.minimum(n_accepted, num_new)
         s = state.stats
         stats = SpeculativeStats(
@@ -301,11 +311,12 @@ def speculative_sample(
             beta_sum=s.beta_sum + jnp.sum(jnp.where(slots[:gamma] < tested[:, None], beta, 0), 1),
             num_beta=s.num_beta + tested,
             num_generated=s.num_generated + num_new,
+            num_proposed=s.num_proposed + jnp.where(active, num_drafts, 0),
         )
         return _LoopState(
             buffer=buffer,
             length=new_length,
-            draft_behind=active & (n_accepted == gamma),
+            draft_behind=active & (n_accepted == num_drafts),
             done=state.done | ended,
             target_cache=tc,
             draft_cache=dc,
@@ -315,6 +326,71 @@ def speculative_sample(
 
     final = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, init)
     return final.buffer[:, 1 : max_len + 1], final.stats
+
+
+def _draft_block(draft_fn, propose, logits0, dc, n, rng, active, gamma, threshold):
+    """Drafts d_1..d_γ from the first draft logits on; with early exit, per-row block lengths.
+
+    Early exit (threshold > 0): a row stops after d_j when its draft confidence max_x q_j(x) (the
+    temperature-1 softmax of the raw logits in argmax mode) is below `threshold`; the loop stops
+    when every active row has stopped. The stop depends only on the row's prefix, so verification
+    of the shorter block stays exact (`verification`, `num_drafts`).
+
+    Args:
+      draft_fn: draft `steps.BlockStep`.
+      propose: (logits float32 [batch, vocab], key) -> (token int32 [batch], q float32 [batch,
+        vocab] or None in argmax mode).
+      logits0: float32 [batch, vocab] draft logits after the last emitted token.
+      dc: draft cache after that call.
+      n: int32 [batch] row lengths (d_j is fed at position n - 1 + j).
+      rng: PRNG key for the draft samples.
+      active: bool [batch] rows still decoding.
+      gamma: static γ (the maximum with early exit).
+      threshold: static confidence threshold (0 = off: always γ drafts, one `lax.scan`).
+
+    Returns:
+      drafts int32 [batch, γ] (entries beyond a row's count are padding), q float32 [batch, γ,
+      vocab] (None in argmax mode), num_drafts int32 [batch] in [1, γ], the draft cache.
+    """
+    keys = jax.random.split(rng, gamma)
+    token, q0 = propose(logits0, keys[0])
+    batch = token.shape[0]
+    if threshold <= 0:
+
+        def step(carry, j):
+            token, dc = carry
+            logits, dc = draft_fn(token[:, None], n - 1 + j, dc)
+            token, q = propose(logits[:, 0], keys[j])
+            return (token, dc), (token, q)
+
+        (_, dc), (rest, rest_q) = jax.lax.scan(step, (token, dc), jnp.arange(1, gamma))
+        drafts = jnp.concatenate([token[:, None], rest.T], axis=1)  # [b, γ]
+        q = None if q0 is None else jnp.concatenate([q0[:, None], jnp.moveaxis(rest_q, 0, 1)], 1)
+        return drafts, q, jnp.full((batch,), gamma, jnp.int32), dc
+
+    confident = lambda logits: jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1) >= threshold
+    drafts = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(token)
+    q = None if q0 is None else jnp.zeros((batch, gamma) + q0.shape[1:]).at[:, 0].set(q0)
+    conf_logits = logits0 if q0 is None else jnp.log(jnp.maximum(q0, 1e-30))
+    init = (1, token, dc, drafts, q, jnp.ones((batch,), jnp.int32), active & confident(conf_logits))
+
+    def cond(carry):
+        j, *_, drafting = carry
+        return (j < gamma) & jnp.any(drafting)
+
+    def body(carry):
+        j, token, dc, drafts, q, count, drafting = carry
+        logits, dc = draft_fn(token[:, None], n - 1 + j, dc)
+        token, q_j = propose(logits[:, 0], keys[j])
+        drafts = drafts.at[:, j].set(token)
+        if q is not None:
+            q = q.at[:, j].set(q_j)
+        count = jnp.where(drafting, j + 1, count)
+        conf = logits[:, 0] if q_j is None else jnp.log(jnp.maximum(q_j, 1e-30))
+        return j + 1, token, dc, drafts, q, count, drafting & confident(conf)
+
+    _, _, dc, drafts, q, count, _ = jax.lax.while_loop(cond, body, init)
+    return drafts, q, count, dc
 
 
 def _check_vocab(target_fn, target_cache, draft_fn, draft_cache, batch, eos_id) -> int:

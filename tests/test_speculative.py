@@ -114,31 +114,100 @@ SETTINGS = [(0.5, 0, 0.0), (1.0, 0, 0.0), (2.0, 0, 0.0), (1.0, 3, 0.0), (1.0, 0,
 
 @pytest.mark.parametrize("gamma", [1, 3, 4])
 @pytest.mark.parametrize("temperature, topk, topp", SETTINGS)
-def test_sampling_distribution_is_the_targets(gamma, temperature, topk, topp):
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_sampling_distribution_is_the_targets(gamma, temperature, topk, topp, verification):
     p, q = random_tables(seed=gamma)
     n = 20000
-    decodes, st = run_toy(p, q, n, gamma, seed=11, temperature=temperature, topk=topk, topp=topp)
+    decodes, st = run_toy(
+        p,
+        q,
+        n,
+        gamma,
+        seed=11,
+        temperature=temperature,
+        topk=topk,
+        topp=topp,
+        verification=verification,
+    )
     expected = exact_sequence_probs(p, 3, temperature, topk, topp)
     assert chi_square_pvalue(decodes, expected) > 1e-3
     alpha = float(st.num_accepted.sum() / st.num_draft_tokens.sum())
     assert 0.05 < alpha < 0.95  # the test exercises both acceptance and rejection
+    assert np.any(np.asarray(decodes)[:, :2] == EOS)  # rows end mid-block at EOS too
+
+
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_long_blocks_gamma_8_are_exact(verification):
+    """γ = 8 on 6-token sequences: whole blocks fit, rows end at EOS at different iterations."""
+    p, q = random_tables(seed=12, vocab=3, max_len=6)
+    decodes, st = run_toy(p, q, 20000, 8, seed=13, temperature=1.0, verification=verification)
+    assert chi_square_pvalue(decodes, exact_sequence_probs(p, 6, 1.0, 0, 0.0)) > 1e-3
+    assert int(np.asarray(st.accept_histogram)[:, 4:].sum()) > 0  # long accepted runs happen
 
 
 @pytest.mark.parametrize("gamma", [1, 4])
-def test_draft_equal_to_target_accepts_everything(gamma):
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_draft_equal_to_target_accepts_everything(gamma, verification):
     p, _ = random_tables(seed=5, max_len=4)
-    decodes, st = run_toy(p, p, 20000, gamma, seed=3, temperature=1.0)
+    decodes, st = run_toy(p, p, 20000, gamma, seed=3, temperature=1.0, verification=verification)
     np.testing.assert_allclose(st.num_accepted, st.num_draft_tokens)  # alpha = 1 exactly
     np.testing.assert_allclose(st.beta_sum, st.num_beta, rtol=1e-5)
     assert chi_square_pvalue(decodes, exact_sequence_probs(p, 4, 1.0, 0, 0.0)) > 1e-3
 
 
-def test_disjoint_support_draft_is_still_exact():
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_disjoint_support_draft_is_still_exact(verification):
     p, _ = random_tables(seed=6, vocab=8)
     q = -p  # q's top-3 are p's bottom-3: disjoint supports under top-k = 3
-    decodes, st = run_toy(p, q, 20000, 3, seed=4, temperature=1.0, topk=3)
+    decodes, st = run_toy(
+        p, q, 20000, 3, seed=4, temperature=1.0, topk=3, verification=verification
+    )
     assert int(st.num_accepted.sum()) == 0 and float(st.beta_sum.sum()) == 0.0
     assert chi_square_pvalue(decodes, exact_sequence_probs(p, 3, 1.0, 3, 0.0)) > 1e-3
+
+
+def test_block_verification_generates_more_tokens_per_iteration_with_the_same_drafts():
+    """The paper's §1 example in the loop (context-free p = (1/3, 2/3), q = (2/3, 1/3) on two
+    non-EOS tokens, γ = 2): Eq. 1 gives 1 + 10/9 tokens per full iteration with token verification,
+    block verification 1 + 11/9."""
+    vocab, max_len = 4, 64  # long rows: the cut last iteration barely biases the mean
+    p_row = np.log([1e-30, 1e-30, 1 / 3, 2 / 3]).astype(np.float32)
+    q_row = np.log([1e-30, 1e-30, 2 / 3, 1 / 3]).astype(np.float32)
+    p = np.broadcast_to(p_row, (max_len, vocab, vocab, vocab))
+    q = np.broadcast_to(q_row, (max_len, vocab, vocab, vocab))
+    per_iteration = {}
+    for verification in ("token", "block"):
+        _, st = run_toy(p, q, 1000, 2, seed=5, temperature=1.0, verification=verification)
+        hist = np.asarray(st.accept_histogram).sum(0)
+        per_iteration[verification] = float(hist @ np.arange(3) / hist.sum())
+    assert abs(per_iteration["token"] - 10 / 9) < 0.05, per_iteration
+    assert abs(per_iteration["block"] - 11 / 9) < 0.05, per_iteration
+
+
+@pytest.mark.parametrize("temperature, verification", [(1.0, "token"), (0.5, "block")])
+def test_early_exit_drafting_is_exact_and_shortens_blocks(temperature, verification):
+    p, q = random_tables(seed=14, vocab=4, max_len=5)
+    decodes, st = run_toy(
+        p,
+        q,
+        20000,
+        4,
+        seed=15,
+        temperature=temperature,
+        verification=verification,
+        draft_confidence_threshold=0.6,
+    )
+    assert chi_square_pvalue(decodes, exact_sequence_probs(p, 5, temperature, 0, 0.0)) > 1e-3
+    proposed, iterations = int(st.num_proposed.sum()), int(st.num_iterations.sum())
+    assert iterations < proposed < 4 * iterations  # some blocks stopped early, some did not
+
+
+def test_early_exit_in_argmax_mode_equals_greedy():
+    p, q = random_tables(seed=16, vocab=6, max_len=6)
+    want, _ = run_toy(p, q, 3, 4, temperature=0.0)
+    got, st = run_toy(p, q, 3, 4, temperature=0.0, draft_confidence_threshold=0.5)
+    np.testing.assert_array_equal(got, want)
+    assert int(st.num_proposed.sum()) < 4 * int(st.num_iterations.sum())
 
 
 def test_counted_alpha_agrees_with_beta_estimate_and_known_alpha():
@@ -159,9 +228,10 @@ def test_counted_alpha_agrees_with_beta_estimate_and_known_alpha():
     np.testing.assert_allclose(beta_alpha, known, rtol=1e-4)
 
 
-def test_argmax_mode_on_toy_equals_greedy_path():
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_argmax_mode_on_toy_equals_greedy_path(verification):
     p, q = random_tables(seed=8, vocab=6, max_len=3)
-    decodes, _ = run_toy(p, q, 1, 2, temperature=0.0)
+    decodes, _ = run_toy(p, q, 1, 2, temperature=0.0, verification=verification)
     expected = exact_sequence_probs(p, 3, 0.0, 0, 0.0)
     (best,) = [k for k, v in expected.items() if v == 1.0]
     np.testing.assert_array_equal(decodes[0], best)
@@ -367,6 +437,8 @@ def test_second_call_with_same_shapes_does_not_recompile(t5_setup):
         (dict(gamma=2, topk=2, topp=0.5), "topk"),
         (dict(gamma=2, eos=99), "eos_id=99"),
         (dict(gamma=2, draft_vocab=7), "vocabularies differ"),
+        (dict(gamma=2, verification="blocks"), "verification='blocks'"),
+        (dict(gamma=2, draft_confidence_threshold=1.0), "draft_confidence_threshold=1.0"),
     ],
 )
 def test_bad_input_raises(kwargs, match):
