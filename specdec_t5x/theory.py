@@ -123,6 +123,53 @@ def walltime_improvement(alpha: ArrayLike, gamma: int, c: float) -> ArrayLike:
     return _output(tokens / (gamma * c + 1.0))
 
 
+def measured_walltime_improvement(
+    alpha: ArrayLike,
+    gamma: int,
+    c: float,
+    verify_cost_ratio: float = 1.0,
+    sampling_overhead: float = 0.0,
+) -> ArrayLike:
+    """Theorem 3.8 generalised to a measured cost curve; γ = 0 is plain decoding (1.0).
+
+    E(α, γ) / (γc + T(γ + 1)/T(1) + o(γ)): one iteration costs γ draft steps (c each, in target
+    steps), one verify call on γ + 1 tokens (`verify_cost_ratio` = T(γ + 1)/T(1); the paper assumes
+    1) and the per-iteration sampling work o(γ) (drafting samples and the acceptance test at
+    T > 0, in target steps), and yields E(α, γ) = Eq. 1 tokens, whose limit at α = 1 is γ + 1.
+    With `verify_cost_ratio` = 1 and no overhead it equals `walltime_improvement`.
+
+    Args:
+      alpha: acceptance rate α in [0, 1] (a measured α may be exactly 1); float or float array.
+      gamma: draft tokens per iteration, integer >= 0 (0: no draft, the baseline itself: 1.0).
+      c: draft-to-target walltime ratio per step, >= 0.
+      verify_cost_ratio: T(γ + 1) / T(1), the target's γ + 1-token call in one-token steps, > 0.
+      sampling_overhead: o(γ) in target steps per iteration, >= 0.
+
+    Returns:
+      Predicted speedup (X, unitless); float, or float64 array shaped like alpha.
+
+    Raises:
+      ValueError: alpha outside [0, 1], gamma not an integer >= 0, c or sampling_overhead
+        negative or not finite, verify_cost_ratio not > 0.
+    """
+    alpha_arr = np.asarray(alpha, dtype=np.float64)
+    if not np.all((alpha_arr >= 0.0) & (alpha_arr <= 1.0)):
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    if isinstance(gamma, bool) or not isinstance(gamma, int | np.integer) or gamma < 0:
+        raise ValueError(f"gamma must be an integer >= 0 (0 = plain decoding), got {gamma!r}")
+    c, overhead = _check_cost(c, "c"), _check_cost(sampling_overhead, "sampling_overhead")
+    verify = _check_cost(verify_cost_ratio, "verify_cost_ratio")
+    if verify == 0.0:
+        raise ValueError(f"verify_cost_ratio must be > 0, got {verify_cost_ratio!r}")
+    if gamma == 0:
+        return _output(np.ones_like(alpha_arr))
+    below_one = np.minimum(alpha_arr, 1.0 - 1e-12)
+    tokens = np.where(
+        alpha_arr >= 1.0, gamma + 1.0, (1.0 - below_one ** (gamma + 1)) / (1.0 - below_one)
+    )
+    return _output(tokens / (gamma * c + verify + overhead))
+
+
 def optimal_gamma(alpha: float, c: float, max_gamma: int = 64) -> int:
     """The integer γ in [1, max_gamma] that maximises `walltime_improvement` (Section 3.3, Fig. 3).
 

@@ -230,3 +230,28 @@ def test_cli_rejects_bad_alpha():
     proc = _run_cli("--alpha", "1.0", "--c", "0.0")
     assert proc.returncode == 2
     assert "alpha must be in [0, 1), got 1.0" in proc.stderr
+
+
+def test_measured_walltime_improvement_generalises_theorem_3_8():
+    for alpha, gamma, c in [(0.6, 2, 0.1), (0.9, 7, 0.02), (0.0, 1, 0.5)]:
+        assert theory.measured_walltime_improvement(alpha, gamma, c) == pytest.approx(
+            theory.walltime_improvement(alpha, gamma, c)
+        )
+    # γ = 0 is plain decoding; α = 1 gives γ + 1 tokens per iteration.
+    assert theory.measured_walltime_improvement(0.7, 0, 0.3) == 1.0
+    assert theory.measured_walltime_improvement(1.0, 3, 0.1, 1.5, 0.2) == pytest.approx(4 / 2.0)
+    # Verify cost and overhead add to the denominator.
+    e = theory.expected_tokens_per_iteration(0.8, 4)
+    got = theory.measured_walltime_improvement(0.8, 4, 0.05, 1.3, 0.1)
+    assert got == pytest.approx(e / (4 * 0.05 + 1.3 + 0.1))
+    np.testing.assert_allclose(
+        theory.measured_walltime_improvement(np.array([0.5, 1.0]), 2, 0.0), [1.75, 3.0]
+    )
+    for kwargs, match in [
+        (dict(alpha=1.1, gamma=1, c=0.1), "alpha"),
+        (dict(alpha=0.5, gamma=-1, c=0.1), "gamma"),
+        (dict(alpha=0.5, gamma=1, c=0.1, verify_cost_ratio=0.0), "verify_cost_ratio"),
+        (dict(alpha=0.5, gamma=1, c=0.1, sampling_overhead=-1.0), "sampling_overhead"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            theory.measured_walltime_improvement(**kwargs)
