@@ -203,6 +203,7 @@ def time_decoder_steps(
     repeats: int = 30,
     warmup: int = 3,
     steps_per_call: int = 8,
+    block_sizes: Sequence[int] = (),
 ) -> dict[str, Any]:
     """c and the verify-cost ratio of two decoder steps, timed side by side *inside a loop*.
 
@@ -219,11 +220,12 @@ def time_decoder_steps(
       batch: rows; position: decoder position of the timed steps; gamma: verify block is γ + 1.
       repeats, warmup: see `time_interleaved`.
       steps_per_call: steps per timed call.
+      block_sizes: extra target block sizes k to time in the same rounds (the cost curve T(k)).
 
     Returns:
       dict with `target_step_ms`, `draft_step_ms`, `verify_step_ms` (medians per step),
       `*_step_ms_iqr` ([p25, p75]), `c` = draft / target, `verify_cost_ratio` = verify / target,
-      and `steps_per_call`.
+      `steps_per_call`, and `block_step_ms` {k: median ms of a k-token target call}.
     """
 
     def looped(step):
@@ -247,6 +249,15 @@ def time_decoder_steps(
         "target": (target_step, target_args, one, target_cache),
         "draft": (draft_step, draft_args, one, draft_cache),
         "verify": (target_step, target_args, block, target_cache),
+        **{
+            f"block_{k}": (
+                target_step,
+                target_args,
+                jnp.full((batch, k), 5, jnp.int32),
+                target_cache,
+            )
+            for k in block_sizes
+        },
     }
     caches = {k: jax.tree_util.tree_map(jnp.copy, v[3]) for k, v in setups.items()}
 
@@ -266,8 +277,11 @@ def time_decoder_steps(
         "c": median["draft"] / median["target"],
         "verify_cost_ratio": median["verify"] / median["target"],
         "steps_per_call": steps_per_call,
+        "block_step_ms": {k: median[f"block_{k}"] for k in block_sizes},
     }
     for name, values in samples.items():
+        if name.startswith("block_"):
+            continue
         result[f"{name}_step_ms"] = median[name]
         result[f"{name}_step_ms_iqr"] = [
             float(np.percentile(values, 25)),

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from specdec_t5x import benchmark, models, sampling, speculative, steps, theory
+from specdec_t5x import benchmark, gamma_control, models, sampling, speculative, theory
 
 
 def load_examples(
@@ -135,29 +135,14 @@ def measure_step_costs(
       {'target_step_ms', 'draft_step_ms', 'verify_step_ms', their IQRs, 'c' (draft step / target
       step, the paper's c), 'verify_cost_ratio' (verify step / target step; the paper assumes ~1)}.
     """
-    enc = jnp.asarray(encoder_input_tokens)
-    module, draft = spec_model.module, spec_model.draft
-    target_cache = jax.jit(lambda tp, e: spec_model.decoder_state(tp, e, max_decode_len)[0])(
-        target_params, enc
-    )
-    draft_cache = jax.jit(lambda dp, e: draft.init_cache(dp, e, max_decode_len))(draft_params, enc)
-
-    def target_step(tp, e, tokens, pos, cache):
-        return steps.make_block_step(module, tp, e)(tokens, pos, cache)
-
-    def draft_step(dp, e, tokens, pos, cache):
-        return draft.make_step(dp, e)(tokens, pos, cache)  # the cache is built once, above
-
-    return benchmark.time_decoder_steps(
-        target_step,
-        (target_params, enc),
-        target_cache,
-        draft_step,
-        (draft_params, enc),
-        draft_cache,
-        batch=enc.shape[0],
-        position=min(position, max_decode_len - gamma - 1),
-        gamma=gamma,
+    return gamma_control.step_costs(
+        spec_model,
+        target_params,
+        draft_params,
+        encoder_input_tokens,
+        max_decode_len,
+        gamma,
+        position=position,
         repeats=repeats,
     )
 

@@ -9,7 +9,8 @@ Glossary (the paper's terms; p is always the target, q the draft):
 * gamma (γ): draft tokens proposed per iteration; the target scores all γ + 1 prefixes in one call.
 * n_accepted: leading draft tokens accepted in an iteration (0..γ); the iteration then emits
   n_accepted + 1 tokens (the last from the residual norm(max(0, p - q)) or, after γ acceptances,
-  the "bonus" token from p).
+  the "bonus" token from p). `verification='block'` decides n_accepted and the residual jointly
+  over the block (Sun et al., ICLR 2025; `verification.block_accept`).
 * beta (β): Σ_x min(p(x), q(x)), the acceptance probability of one position (Def. 3.1);
   alpha (α) = E[β] (Corollary 3.6).
 * c: cost of one draft step relative to one target step (measured by the eval job).

@@ -1,0 +1,411 @@
+"""γ from the measured cost curve, 0 = off: speculative decoding that is not predictably slower.
+
+The paper picks γ by maximising Theorem 3.8 for a known α and c (§3.3). Here every term is measured
+on this machine, for this model pair and these shapes, once (cached), in the same in-loop timing as
+the eval job's step costs (`benchmark.time_decoder_steps`):
+
+* T(k): the target's cached call on k = 1..γmax + 1 tokens (the verify call of γ = k - 1);
+* the draft's one-token step;
+* the sampling work per token of the baseline (s_1) and per iteration of speculative decoding at γ
+  (o(γ): γ draft samples and the acceptance test; argmax and comparisons at T = 0).
+
+With u = T(1) + s_1, the baseline's cost per token, the predicted speedup of γ is
+`theory.measured_walltime_improvement(α, γ, c = draft/u, T(γ + 1)/u, o(γ)/u)`, and γ = 0 (plain
+decoding, no draft call at all) whenever no γ predicts more than 1. α is estimated online: the
+running mean of β (Corollary 3.6) over every speculative call so far (`GammaController.update`);
+before the first call a prior α is used, or γ = 1 as a probe when there is none.
+
+`AutoGammaDecoder` is the Python API of `gamma='auto'`: it measures the curve on the first batch,
+keeps one jitted decoder per γ (γ = 0: the baseline), and chooses γ before every call (γ is static
+under `jit`, so the choice is made outside it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x import benchmark, models, sampling, steps, theory
+from specdec_t5x import verification as verify
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class CostCurve:
+    """Measured costs of one model pair at one shape (milliseconds, medians).
+
+    Attributes:
+      block_step_ms: {k: T(k)} the target's cached call on k tokens, k = 1..gamma_max + 1.
+      draft_step_ms: the draft's one-token cached call.
+      baseline_sampling_ms: s_1, the baseline's sampling work per token (0-ish at T = 0).
+      sampling_ms: {γ: o(γ)} speculative sampling work per iteration, γ = 1..gamma_max.
+    """
+
+    block_step_ms: Mapping[int, float]
+    draft_step_ms: float
+    baseline_sampling_ms: float
+    sampling_ms: Mapping[int, float]
+
+    @property
+    def gamma_max(self) -> int:
+        return max(self.sampling_ms)
+
+    @property
+    def unit_ms(self) -> float:
+        """u = T(1) + s_1: the baseline's cost per token."""
+        return self.block_step_ms[1] + self.baseline_sampling_ms
+
+    @property
+    def c(self) -> float:
+        """Draft step / u (the paper's c, against the baseline's per-token cost)."""
+        return self.draft_step_ms / self.unit_ms
+
+    def predicted_speedup(self, alpha: float, gamma: int) -> float:
+        """`theory.measured_walltime_improvement` of γ (0..gamma_max) at α with these costs."""
+        if gamma == 0:
+            return 1.0
+        return float(
+            theory.measured_walltime_improvement(
+                alpha,
+                gamma,
+                self.c,
+                self.block_step_ms[gamma + 1] / self.unit_ms,
+                self.sampling_ms[gamma] / self.unit_ms,
+            )
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "block_step_ms": {str(k): v for k, v in self.block_step_ms.items()},
+            "draft_step_ms": self.draft_step_ms,
+            "baseline_sampling_ms": self.baseline_sampling_ms,
+            "sampling_ms": {str(k): v for k, v in self.sampling_ms.items()},
+            "c": self.c,
+        }
+
+
+def measure_sampling_ms(
+    batch: int,
+    vocab: int,
+    gamma_max: int,
+    settings: Mapping[str, Any],
+    verification: str = "token",
+    repeats: int = 20,
+    steps_per_call: int = 8,
+) -> tuple[float, dict[int, float]]:
+    """s_1 and o(γ), γ = 1..gamma_max, in ms: the sampler's work on random logits, in a loop.
+
+    Args:
+      batch, vocab: logits shape.
+      gamma_max: largest γ.
+      settings: {'temperature', 'topk', 'topp'}.
+      verification: 'token' or 'block' (the acceptance rule timed at T > 0).
+      repeats, steps_per_call: as `benchmark.time_decoder_steps`.
+
+    Returns:
+      (s_1 ms per baseline token, {γ: o(γ) ms per speculative iteration}).
+    """
+    temperature, topk, topp = settings["temperature"], settings["topk"], settings["topp"]
+    greedy = sampling.is_greedy(temperature)
+    accept_fn = verify.block_accept if verification == "block" else verify.token_accept
+
+    def baseline(key, logits):
+        return sampling.sample(key, logits[:, 0], temperature, topk, topp)
+
+    def speculative(gamma):
+        def work(key, logits):  # logits [b, γ + 1, V] stand in for both models'
+            if greedy:
+                drafts = sampling.argmax(logits[:, :gamma])
+                return verify.greedy_accept(drafts, logits, None).extra
+            adjusted = sampling.adjust_logits(logits, temperature, topk, topp)
+            keys = jax.random.split(key, gamma + 1)
+            drafts = jnp.stack(
+                [jax.random.categorical(keys[j], adjusted[:, j]) for j in range(gamma)], 1
+            ).astype(jnp.int32)
+            probs = jax.nn.softmax(adjusted, axis=-1)
+            return accept_fn(keys[gamma], drafts, probs[:, :gamma], probs).extra
+
+        return work
+
+    def looped(work, k):
+        logits = jax.random.normal(jax.random.PRNGKey(k), (batch, k, vocab))
+
+        @jax.jit
+        def run(key):
+            def body(i, acc):
+                return acc + work(jax.random.fold_in(key, i), logits + i * 1e-6)  # not hoisted
+
+            return jax.lax.fori_loop(0, steps_per_call, body, jnp.zeros((batch,), jnp.int32))
+
+        return lambda: run(jax.random.PRNGKey(0))
+
+    calls = {0: looped(baseline, 1)}
+    calls.update({g: looped(speculative(g), g + 1) for g in range(1, gamma_max + 1)})
+    samples = benchmark.time_interleaved(calls, repeats)
+    ms = {g: statistics.median(v) / steps_per_call for g, v in samples.items()}
+    return ms[0], {g: ms[g] for g in range(1, gamma_max + 1)}
+
+
+def step_costs(
+    spec_model,
+    target_params,
+    draft_params,
+    encoder_input_tokens: Array,
+    max_decode_len: int,
+    gamma: int,
+    *,
+    position: int = 8,
+    repeats: int = 30,
+    block_sizes=(),
+) -> dict[str, Any]:
+    """c, the verify-cost ratio and T(k) of a model pair, on caches built once (not timed).
+
+    One cached target step, one draft step, one γ + 1 verify step and one target call per k in
+    `block_sizes`, at decoder position `position`, caches built from `encoder_input_tokens` (int32
+    [batch, enc_len]); timed by `benchmark.time_decoder_steps`.
+
+    Returns:
+      `benchmark.time_decoder_steps`'s dict (`c`, `verify_cost_ratio`, `*_step_ms`,
+      `block_step_ms`).
+    """
+    enc = jnp.asarray(encoder_input_tokens)
+    module, draft = spec_model.module, spec_model.draft
+    target_cache = jax.jit(lambda tp, e: steps.prepare_cache(module, tp, e, max_decode_len))(
+        target_params, enc
+    )
+    draft_cache = jax.jit(lambda dp, e: draft.init_cache(dp, e, max_decode_len))(draft_params, enc)
+
+    def target_step(tp, e, tokens, pos, cache):
+        return steps.make_block_step(module, tp, e)(tokens, pos, cache)
+
+    def draft_step(dp, e, tokens, pos, cache):
+        return draft.make_step(dp, e)(tokens, pos, cache)  # the cache is built once, above
+
+    largest = max([gamma + 1, *block_sizes])
+    return benchmark.time_decoder_steps(
+        target_step,
+        (target_params, enc),
+        target_cache,
+        draft_step,
+        (draft_params, enc),
+        draft_cache,
+        batch=enc.shape[0],
+        position=max(0, min(position, max_decode_len - largest)),
+        gamma=gamma,
+        repeats=repeats,
+        block_sizes=tuple(block_sizes),
+    )
+
+
+_CURVES: dict[tuple, CostCurve] = {}
+
+
+def measure_cost_curve(
+    spec_model,
+    target_params,
+    draft_params,
+    encoder_input_tokens: Array,
+    max_decode_len: int,
+    gamma_max: int,
+    settings: Mapping[str, Any],
+    verification: str = "token",
+    repeats: int = 20,
+) -> CostCurve:
+    """The `CostCurve` of this model pair and shape; measured once per process, then cached.
+
+    The cache key is the model pair (object identity), the batch and encoder shape, the decode
+    length, gamma_max, the sampling settings and the verification rule.
+
+    Raises:
+      ValueError: gamma_max < 1.
+    """
+    if not isinstance(gamma_max, int) or gamma_max < 1:
+        raise ValueError(f"gamma_max must be an int >= 1; got gamma_max={gamma_max!r}.")
+    key = (
+        id(spec_model),
+        id(spec_model.draft),
+        tuple(encoder_input_tokens.shape),
+        max_decode_len,
+        gamma_max,
+        tuple(sorted(settings.items())),
+        verification,
+    )
+    if key not in _CURVES:
+        costs = step_costs(
+            spec_model,
+            target_params,
+            draft_params,
+            encoder_input_tokens,
+            max_decode_len,
+            gamma_max,
+            repeats=repeats,
+            block_sizes=range(1, gamma_max + 2),
+        )
+        vocab = spec_model.module.config.vocab_size
+        batch = encoder_input_tokens.shape[0]
+        s1, overhead = measure_sampling_ms(
+            batch, vocab, gamma_max, settings, verification, repeats=repeats
+        )
+        _CURVES[key] = CostCurve(costs["block_step_ms"], costs["draft_step_ms"], s1, overhead)
+    return _CURVES[key]
+
+
+@dataclasses.dataclass
+class GammaController:
+    """Chooses γ in 0..gamma_max before each call; learns α from the calls' β.
+
+    Attributes:
+      curve: the measured `CostCurve`.
+      prior_alpha: α used before any β was measured (None: probe with γ = 1).
+      beta_sum, num_beta: running Σ β and count over all speculative calls so far.
+    """
+
+    curve: CostCurve
+    prior_alpha: float | None = None
+    beta_sum: float = 0.0
+    num_beta: int = 0
+
+    @property
+    def alpha(self) -> float | None:
+        """Running α = Σ β / count (Corollary 3.6), or the prior before any call."""
+        if self.num_beta:
+            return min(self.beta_sum / self.num_beta, 1.0)
+        return self.prior_alpha
+
+    def predictions(self, alpha: float) -> dict[int, float]:
+        """{γ: predicted speedup} for γ = 0..gamma_max."""
+        return {g: self.curve.predicted_speedup(alpha, g) for g in range(self.curve.gamma_max + 1)}
+
+    def choose(self) -> tuple[int, float | None]:
+        """(γ, its predicted speedup): the best γ, 0 when none predicts > 1; (1, None) to probe."""
+        alpha = self.alpha
+        if alpha is None:
+            return 1, None
+        predicted = self.predictions(alpha)
+        best = max(predicted, key=lambda g: (predicted[g], -g))  # ties: the smaller γ
+        return (best, predicted[best]) if predicted[best] > 1.0 else (0, 1.0)
+
+    def update(self, stats) -> None:
+        """Adds a call's β (`speculative.SpeculativeStats`, any batch) to the running α."""
+        self.beta_sum += float(np.sum(np.asarray(stats.beta_sum)))
+        self.num_beta += int(np.sum(np.asarray(stats.num_beta)))
+
+
+class AutoGammaDecoder:
+    """`gamma='auto'`: speculative decoding with γ chosen per call, 0 = the baseline alone.
+
+    Args:
+      spec_model: `models.SpeculativeEncoderDecoderModel` (target + draft).
+      target_params, draft_params: parameters (draft default: `spec_model.draft.params`).
+      settings: {'temperature', 'topk', 'topp'} for both decoders.
+      gamma_max: largest γ considered (>= 1).
+      verification, draft_confidence_threshold: passed to `speculative.speculative_sample`.
+      prior_alpha: α before the first call (None: the first call probes with γ = 1).
+      cost_repeats: timing rounds of the cost curve.
+      curve: a `CostCurve` to use instead of measuring one on the first batch.
+
+    Use `decoder(batch, rng)`, or, to keep compilation out of a timed region, `choose()`,
+    `compile(gamma, batch)`, then the timed `decode(gamma, batch, rng)` and `update(aux)`.
+    """
+
+    def __init__(
+        self,
+        spec_model,
+        target_params,
+        draft_params=None,
+        *,
+        settings: Mapping[str, Any],
+        gamma_max: int = 8,
+        verification: str = "token",
+        draft_confidence_threshold: float = 0.0,
+        prior_alpha: float | None = None,
+        cost_repeats: int = 20,
+        curve: CostCurve | None = None,
+    ):
+        if not isinstance(gamma_max, int) or gamma_max < 1:
+            raise ValueError(f"gamma_max must be an int >= 1; got gamma_max={gamma_max!r}.")
+        self.spec_model, self.target_params = spec_model, target_params
+        self.draft_params = spec_model.draft.params if draft_params is None else draft_params
+        self.settings = dict(settings)
+        self.gamma_max, self.verification = gamma_max, verification
+        self.threshold, self.prior_alpha = draft_confidence_threshold, prior_alpha
+        self.cost_repeats = cost_repeats
+        self.controller = None if curve is None else GammaController(curve, prior_alpha)
+        self._fns: dict[int, Any] = {}
+        self._compiled: set[tuple] = set()
+        self._baseline = models.EncoderDecoderModel(spec_model.module)
+
+    def _fn(self, gamma: int):
+        if gamma not in self._fns:
+            if gamma == 0:
+                params = dict(self.settings)
+                self._fns[0] = jax.jit(
+                    lambda tp, dp, b, rng: (
+                        self._baseline.predict_batch_with_aux(tp, b, rng, decoder_params=params)[0],
+                        {},
+                    )
+                )
+            else:
+                params = {
+                    **self.settings,
+                    "gamma": gamma,
+                    "verification": self.verification,
+                    "draft_confidence_threshold": self.threshold,
+                }
+                self._fns[gamma] = jax.jit(
+                    lambda tp, dp, b, rng: self.spec_model.predict_batch_with_aux(
+                        tp, b, rng, decoder_params=params, draft_params=dp
+                    )
+                )
+        return self._fns[gamma]
+
+    def choose(self, batch: Mapping[str, Array]) -> tuple[int, float | None]:
+        """(γ, predicted speedup) for the next call; measures the cost curve on the first batch."""
+        if self.controller is None:
+            curve = measure_cost_curve(
+                self.spec_model,
+                self.target_params,
+                self.draft_params,
+                batch["encoder_input_tokens"],
+                batch["decoder_input_tokens"].shape[1],
+                self.gamma_max,
+                self.settings,
+                self.verification,
+                self.cost_repeats,
+            )
+            self.controller = GammaController(curve, self.prior_alpha)
+        return self.controller.choose()
+
+    def compile(self, gamma: int, batch: Mapping[str, Array]) -> None:
+        """Compiles (and runs once) the decoder of γ for this batch shape, if not done yet."""
+        key = (gamma, *(tuple(v.shape) for v in batch.values()))
+        if key not in self._compiled:
+            rng = jax.random.PRNGKey(0)
+            jax.block_until_ready(
+                self._fn(gamma)(self.target_params, self.draft_params, batch, rng)
+            )
+            self._compiled.add(key)
+
+    def decode(self, gamma: int, batch: Mapping[str, Array], rng: Array):
+        """(decodes int32 [batch, max_decode_len], aux) with γ (0: the baseline, aux = {})."""
+        return self._fn(gamma)(self.target_params, self.draft_params, batch, rng)
+
+    def update(self, aux: Mapping[str, Any]) -> None:
+        """Feeds a speculative call's β into the running α (no-op for γ = 0)."""
+        if "stats" in aux:
+            self.controller.update(aux["stats"])
+
+    def __call__(self, batch: Mapping[str, Array], rng: Array):
+        """Chooses γ, decodes, learns; returns (decodes, aux + {'gamma', 'predicted_speedup'})."""
+        gamma, predicted = self.choose(batch)
+        self.compile(gamma, batch)
+        decodes, aux = self.decode(gamma, batch, rng)
+        self.update(aux)
+        return decodes, {**aux, "gamma": gamma, "predicted_speedup": predicted}
