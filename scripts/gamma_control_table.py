@@ -58,6 +58,9 @@ def main(argv):
             settings=settings,
             max_decode_len=query("TARGET_LEN"),
             input_len=query("INPUT_LEN"),
+            gammas=[int(g) for g in opts.get("gammas", "1,2,3,5").split(",")],
+            gamma_max=int(opts.get("gamma_max", 6)),
+            exit_threshold=float(opts.get("exit_threshold", 0.5)),
         )
     command = "python scripts/gamma_control_table.py " + " ".join(argv)
     print(gamma_table.write(opts.get("out", "results/gamma_control"), results, command))
