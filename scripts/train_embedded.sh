@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces the embedded En→De models shipped in specdec_t5x/assets/models/ (results/training/).
 #
-#   scripts/train_embedded.sh [data|target|draft|distill|report|all]      (default: all)
+#   scripts/train_embedded.sh [data|target|draft|distill|sum_ngram|sum_target|sum_draft|report|all]
+#   (default: all = data, target, draft, report; the other stages run only when named)
 #
 # data:   builds the DDTP corpus (python -m specdec_t5x.data.build) and checks the checksums of
 #         the index files, corpus splits and vocabulary the shipped models were trained on.
@@ -14,6 +15,10 @@
 #         shipped draft, batches half ground truth, half decoded by the current draft (T = 0 and 1,
 #         regenerated every 50 steps), loss D(p_target, q_draft) with D = $DIVERGENCE (default fkl);
 #         TARGET_PARAMS_PATH (default: the exported target) picks the target's weights.
+# sum_ngram / sum_target / sum_draft: the summarization pair (debian_summarize, gin/runs/
+#         summarize.gin: 256-token inputs, 32-token targets, ROUGE): unigram/bigram drafts fitted on
+#         the training synopses; the target (embedded_sum_target.gin, En→De target's shape) from
+#         scratch; the draft (embedded_sum_draft.gin) distilled on-policy from the exported target.
 # report: loss curves, decode-step timings and asset sizes into results/training/.
 #
 # Runs are resumable: rerunning a stage after a kill continues from its last orbax checkpoint in
@@ -88,6 +93,37 @@ if [[ $STAGE == distill ]]; then
     --gin.MIXTURE="{'data': 0.5, 'draft': 0.5}" \
     --gin.train.train.init_params=%DRAFT_PARAMS \
     --gin.train.train.export_path="'$RUNS/export/embedded_ende_draft_distill_$DIVERGENCE/params.msgpack'"
+fi
+
+if [[ $STAGE == sum_ngram ]]; then
+  $PY scripts/fit_ngram_drafts.py --task debian_summarize --target_len 32 --out $MODELS/ngram_sum
+fi
+
+if [[ $STAGE == sum_target ]]; then
+  $PY scripts/train.py \
+    --gin_file=gin/models/embedded_sum_target.gin \
+    --gin_file=gin/runs/train.gin \
+    --gin_file=gin/runs/summarize.gin \
+    --gin.RUN_DIR="'$RUNS/embedded_sum_target'" \
+    --gin.NUM_STEPS=${SUM_TARGET_STEPS:-2000} \
+    --gin.BATCH_SIZE=24 \
+    --gin.SEED=0 \
+    --gin.train.train.export_path="'$MODELS/embedded_sum_target/params.msgpack'"
+fi
+
+if [[ $STAGE == sum_draft ]]; then
+  $PY scripts/train.py \
+    --gin_file=gin/models/embedded_sum_target.gin \
+    --gin_file=gin/models/embedded_sum_draft.gin \
+    --gin_file=gin/runs/train.gin \
+    --gin_file=gin/runs/summarize.gin \
+    --gin_file=gin/runs/distill.gin \
+    --gin.RUN_DIR="'$RUNS/embedded_sum_draft'" \
+    --gin.NUM_STEPS=${SUM_DRAFT_STEPS:-2000} \
+    --gin.BATCH_SIZE=24 \
+    --gin.SEED=0 \
+    --gin.DIVERGENCE="'${DIVERGENCE:-fkl}'" \
+    --gin.train.train.export_path="'$MODELS/embedded_sum_draft/params.msgpack'"
 fi
 
 if [[ $STAGE == report || $STAGE == all ]]; then

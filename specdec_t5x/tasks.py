@@ -5,7 +5,7 @@ Importing this module registers
 * `ddtp_ende`: DDTP English → German sentence pairs (`specdec_t5x.data.build`); inputs
   "translate English to German: " + en, targets de; metric BLEU.
 * `debian_summarize`: Debian long description → synopsis; inputs "summarize: " + document,
-  targets synopsis; metric ROUGE.
+  targets synopsis; metrics ROUGE-1/2/L/Lsum (`summary_rouge`).
 * `wmt_t2t_ende_v003` and `cnn_dailymail_v002`: T5's WMT En→De and CNN/DailyMail tasks, as in
   `t5/data/tasks.py`, over TFDS (`wmt_t2t_translate/de-en:1.0.0`, `cnn_dailymail:3.4.0`; neither is
   downloadable from this project's machines, but the tasks work wherever TFDS has the data).
@@ -129,6 +129,20 @@ def read_corpus(
     return dataset
 
 
+SUMMARY_ROUGE_KEYS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+
+
+def summary_rouge(targets: list[str], predictions: list[str]) -> dict[str, float]:
+    """`debian_summarize`'s metric: ROUGE-1, ROUGE-2, ROUGE-L and T5's ROUGE-Lsum (rouge-score),
+    each the mean F-measure x 100 over examples (`metrics.rouge_mean`: deterministic, no bootstrap,
+    so eval reruns agree).
+
+    Raises:
+      ValueError: targets and predictions differ in length.
+    """
+    return metrics.rouge_mean(targets, predictions, score_keys=SUMMARY_ROUGE_KEYS)
+
+
 def _add_task(name: str, **kwargs) -> seqio.Task:
     seqio.TaskRegistry.remove(name)  # Safe to re-register (re-import, reload).
     return seqio.TaskRegistry.add(name, **kwargs)
@@ -166,7 +180,7 @@ def register_debian_tasks(vocabulary: seqio.Vocabulary | None = None) -> None:
             functools.partial(summarize, article_key="document", summary_key="synopsis")
         ),
         output_features=features,
-        metric_fns=[metrics.rouge],
+        metric_fns=[summary_rouge],
     )
 
 

@@ -216,10 +216,28 @@ def greedy_translations(
     return outputs
 
 
-def evaluate_bleu(greedy_decode, params, examples, references, vocabulary, **kwargs):
-    """`(metrics.bleu(...)['bleu'], predictions)` of greedy decodes; kwargs as above."""
+QUALITY_METRICS = ("bleu", "rouge")
+
+
+def quality(references: Sequence[str], predictions: Sequence[str], metric: str) -> dict[str, float]:
+    """`{'bleu': ...}` (`metrics.bleu`) or `{'rouge1', 'rouge2', 'rougeL': ...}` (`metrics.
+    rouge_mean`, deterministic mean F-measure x 100) of predictions against references.
+
+    Raises:
+      ValueError: `metric` not in `QUALITY_METRICS`.
+    """
+    if metric == "bleu":
+        return metrics.bleu(list(references), list(predictions))
+    if metric == "rouge":
+        keys = ("rouge1", "rouge2", "rougeL")
+        return metrics.rouge_mean(list(references), list(predictions), score_keys=keys)
+    raise ValueError(f"quality metric must be one of {QUALITY_METRICS}; got {metric!r}.")
+
+
+def evaluate_decodes(greedy_decode, params, examples, references, vocabulary, metric, **kwargs):
+    """`(quality(references, greedy decodes, metric), decodes as text)`; kwargs as above."""
     predictions = greedy_translations(greedy_decode, params, examples, vocabulary, **kwargs)
-    return metrics.bleu(list(references), predictions)["bleu"], predictions
+    return quality(references, predictions, metric), predictions
 
 
 # ----------------------------------------------------------------------------------------------
@@ -312,6 +330,7 @@ def train(
     export_dtype: Any = jnp.bfloat16,
     test_data: Sequence[tuple[str, str]] | None = None,
     num_test_examples: int | None = None,
+    quality_metric: str = "bleu",
     progress: bool = True,
 ) -> dict[str, Any]:
     """Trains `model` and returns its final metrics; resumes from `run_dir/checkpoints` if present.
@@ -353,10 +372,12 @@ def train(
       export_path: write the final parameters here (`embedded.save_params`, `export_dtype`); the
         final evaluation then uses the exported (rounded) parameters.
       test_data: pairs for the final test BLEU (the first `num_test_examples`, None: all).
+      quality_metric: `'bleu'` or `'rouge'` (ROUGE-1/2/L) of greedy decodes (`quality`).
       progress: show the tqdm bar.
 
     Returns:
-      Final metrics: step, validation loss and BLEU, test BLEU (if `test_data`), wall time.
+      Final metrics: step, validation loss and BLEU (or ROUGE), test BLEU (`test_bleu`, or
+      `test_rouge1`...; if `test_data`), wall time.
     """
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -397,6 +418,11 @@ def train(
     decode_pairs = list(eval_data[:num_eval_decode_examples])
     decode_examples = tok(decode_pairs, drop_long=False)
     decode_kwargs = dict(batch_size=eval_batch_size, input_len=max_input_len, decode_len=decode_len)
+    decode_kwargs["metric"] = quality_metric
+    if quality_metric not in QUALITY_METRICS:  # fail now, not after training
+        raise ValueError(
+            f"quality_metric must be one of {QUALITY_METRICS}; got {quality_metric!r}."
+        )
 
     init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
     if init_params is None:
@@ -413,10 +439,10 @@ def train(
         t0 = time.time()
         val_loss = validation_loss(eval_loss, params, eval_batches)
         refs = [t for _, t in decode_pairs]
-        bleu, _ = evaluate_bleu(
+        scores, _ = evaluate_decodes(
             greedy_decode, params, decode_examples, refs, vocabulary, **decode_kwargs
         )
-        record = {"step": step, "split": "validation", "loss": val_loss, "bleu": bleu}
+        record = {"step": step, "split": "validation", "loss": val_loss, **scores}
         record.update(elapsed_s=elapsed_s, eval_s=time.time() - t0)
         _append_jsonl(metrics_path, record)
         logger.info("eval %s", record)
@@ -460,7 +486,7 @@ def train(
     if test_data is not None:
         test_pairs = list(test_data[:num_test_examples])
         refs = [t for _, t in test_pairs]
-        bleu, predictions = evaluate_bleu(
+        scores, predictions = evaluate_decodes(
             greedy_decode,
             params,
             tok(test_pairs, drop_long=False),
@@ -468,7 +494,8 @@ def train(
             vocabulary,
             **decode_kwargs,
         )
-        final.update(test_bleu=bleu, num_test_examples=len(test_pairs))
+        final.update({f"test_{k}": v for k, v in scores.items()})
+        final.update(num_test_examples=len(test_pairs))
         with open(run_dir / "test_predictions.jsonl", "w", encoding="utf-8") as f:
             for (source, reference), prediction in zip(test_pairs, predictions, strict=True):
                 row = {"input": source, "reference": reference, "prediction": prediction}
@@ -517,9 +544,12 @@ def plot_curves(run_dirs: Mapping[str, str | os.PathLike], out_path: str | os.Pa
             color=color,
             label=f"{name} (val)",
         )
-        ax_bleu.plot([r["step"] for r in va], [r["bleu"] for r in va], "o-", label=name)
+        key = "bleu" if all("bleu" in r for r in va) else "rougeL"
+        ax_bleu.plot(
+            [r["step"] for r in va], [r.get(key) for r in va], "o-", label=f"{name} ({key})"
+        )
     ax_loss.set(xlabel="step", ylabel="cross-entropy (nats/token)", yscale="log")
-    ax_bleu.set(xlabel="step", ylabel="validation BLEU (greedy)")
+    ax_bleu.set(xlabel="step", ylabel="validation BLEU or ROUGE-L (greedy)")
     for ax in (ax_loss, ax_bleu):
         ax.grid(alpha=0.3)
         ax.legend()

@@ -96,9 +96,10 @@ def test_draft_gin_builds_a_draft(name):
         with pytest.raises(ValueError, match="DRAFT_CHECKPOINT"):
             build(["gin/models/t5_1_1_tiny.gin", f"gin/models/{name}"], ["DROPOUT_RATE = 0.0"])
         return
-    base = "gin/models/embedded_common.gin" if "ende" in name else "gin/models/t5_1_1_tiny.gin"
+    embedded = "ende" in name or "sum" in name  # the project-vocabulary drafts
+    base = "gin/models/embedded_common.gin" if embedded else "gin/models/t5_1_1_tiny.gin"
     draft = build([base, f"gin/models/{name}"], ["DROPOUT_RATE = 0.0"], what="%DRAFT")
-    vocab = 8192 if "ende" in name else 32128
+    vocab = 8192 if embedded else 32128
     cache, step = draft.prepare(draft.params, jnp.ones((2, 5), jnp.int32), 7)
     logits, _ = step(jnp.zeros((2, 3), jnp.int32), jnp.zeros((2,), jnp.int32), cache)
     assert logits.shape == (2, 3, vocab)

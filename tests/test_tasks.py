@@ -147,3 +147,18 @@ def test_shipped_vocabulary():
     for text in ("Größe und Übersetzung: »Zitat«.", "The quick brown fox jumps over the lazy dog."):
         assert vocabulary.decode(vocabulary.encode(text)) == text
     assert vocabulary.unk_id not in vocabulary.encode("Straße, Äpfel, Öl, über 100 €")
+
+
+def test_summarize_task_metric_is_rouge_1_2_l_on_known_strings():
+    (metric_fn,) = seqio.get_mixture_or_task(tasks.SUMMARIZE_TASK).metric_fns
+    assert metric_fn is tasks.summary_rouge
+    # rouge1: 2 of 3 unigrams match both ways (F = 2/3); rouge2: "the cat" of 2 bigrams (F = 1/2);
+    # rougeL: LCS "the cat", 2 of 3 (F = 2/3). Second pair identical: 100 each.
+    scores = metric_fn(["the cat sat", "zed library"], ["the cat ran", "zed library"])
+    expected = {"rouge1": (200 / 3 + 100) / 2, "rouge2": (50 + 100) / 2}
+    expected.update(rougeL=(200 / 3 + 100) / 2, rougeLsum=(200 / 3 + 100) / 2)
+    assert scores == pytest.approx(expected)
+    # Word order matters to ROUGE-L and ROUGE-2 only.
+    swapped = metric_fn(["library for zed"], ["zed library for"])
+    assert swapped["rouge1"] == pytest.approx(100.0)
+    assert swapped["rougeL"] == pytest.approx(200 / 3) and swapped["rouge2"] == pytest.approx(50.0)

@@ -188,3 +188,11 @@ def test_shipped_params_fit_their_gin_architectures(clean_gin):
         init = jax.eval_shape(lambda m=module: m.init(jax.random.PRNGKey(0), ones, ones, ones))
         expected = jax.tree.map(lambda x: (x.shape, x.dtype), init["params"])
         assert jax.tree.map(lambda x: (x.shape, x.dtype), params) == expected
+
+
+def test_quality_metric_bleu_or_rouge():
+    assert set(train.quality(["the cat sat"], ["the cat sat"], "bleu")) == {"bleu"}
+    rouge = train.quality(["the cat sat"], ["the cat ran"], "rouge")
+    assert rouge == pytest.approx({"rouge1": 200 / 3, "rouge2": 50.0, "rougeL": 200 / 3})
+    with pytest.raises(ValueError, match="'meteor'"):
+        train.quality([], [], "meteor")
