@@ -16,7 +16,7 @@ import shlex
 import sys
 import tempfile
 
-from specdec_t5x import benchmark, evaluation, gin_utils
+from specdec_t5x import evaluation, gin_utils, hf_compare, provenance, reports
 
 
 def main(argv=None) -> pathlib.Path:
@@ -37,7 +37,7 @@ def main(argv=None) -> pathlib.Path:
         task, args.split, args.num_examples, args.input_len, args.target_len
     )
     with tempfile.TemporaryDirectory() as work_dir:
-        result = benchmark.compare_with_hf(
+        result = hf_compare.compare_with_hf(
             spec_model,
             target_params,
             [ex["inputs"] for ex in examples],
@@ -50,8 +50,8 @@ def main(argv=None) -> pathlib.Path:
     command = shlex.join(
         ["python", "scripts/bench_vs_hf.py", *(sys.argv[1:] if argv is None else argv)]
     )
-    path = benchmark.write_results(
-        result, args.out_dir, name, command, benchmark.hf_comparison_table
+    path = provenance.write_results(
+        result, args.out_dir, name, command, reports.hf_comparison_table
     )
     path.with_suffix(".gin").write_text(gin_utils.operative_config())
     print(path.with_suffix(".md").read_text())

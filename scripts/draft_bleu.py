@@ -9,13 +9,25 @@ unigram/bigram baselines are.
 
 import argparse
 import json
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, decoding, drafts, evaluation, metrics, models, vocab
+from specdec_t5x import decoding, drafts, evaluation, metrics, models, provenance, reports, vocab
+
+
+def _greedy_fn(draft):
+    """Jitted greedy decoding with the draft alone: (params, enc [b, 64]) -> tokens [b, 64]."""
+
+    @jax.jit
+    def greedy(params, enc):
+        cache, step = draft.prepare(params, enc, 64)
+        inputs = jnp.zeros((enc.shape[0], 64), jnp.int32)
+        fn = models.one_token_logits_fn(step)
+        return decoding.temperature_sample(inputs, cache, fn, 1, temperature=0.0, topk=0)[0]
+
+    return greedy
 
 
 def main() -> None:
@@ -32,14 +44,7 @@ def main() -> None:
     result = {"task": args.task, "split": "test", "num_examples": len(examples), "bleu": {}}
     for name in args.drafts.split(","):
         draft = drafts.load_ngram_draft(name)
-
-        @jax.jit
-        def greedy(params, enc):
-            cache, step = draft.prepare(params, enc, 64)
-            inputs = jnp.zeros((enc.shape[0], 64), jnp.int32)
-            fn = models.one_token_logits_fn(step)
-            return decoding.temperature_sample(inputs, cache, fn, 1, temperature=0.0, topk=0)[0]
-
+        greedy = _greedy_fn(draft)
         predictions = []
         for start in range(0, len(examples), args.batch_size):
             rows = examples[start : start + args.batch_size]
@@ -47,14 +52,14 @@ def main() -> None:
             for i, e in enumerate(rows):
                 enc[i, : len(e["inputs"])] = e["inputs"]
             out = np.asarray(greedy(draft.params, jnp.asarray(enc))[:, -1])
-            predictions += [evaluation._decode_text(vocabulary, t, 1) for t in out[: len(rows)]]
+            predictions += [reports.decode_text(vocabulary, t, 1) for t in out[: len(rows)]]
         result["bleu"][name] = metrics.bleu(references, predictions)["bleu"]
         result.setdefault("first_predictions", {})[name] = predictions[:3]
     result.update(
         command="python scripts/draft_bleu.py "
         + " ".join(f"--{k}={v}" for k, v in vars(args).items()),
-        commit=benchmark.git_commit(),
-        date=time.strftime("%Y-%m-%d"),
+        commit=provenance.git_commit(),
+        date=provenance.utc_date(),
     )
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2, ensure_ascii=False)

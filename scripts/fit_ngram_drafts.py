@@ -8,12 +8,11 @@ Targets are tokenised by the task itself (T5 preprocessing, EOS appended) at --t
 import argparse
 import json
 import pathlib
-import time
 
 import numpy as np
 import seqio
 
-from specdec_t5x import benchmark, drafts, tasks, vocab  # noqa: F401  (tasks registers)
+from specdec_t5x import drafts, provenance, tasks, vocab  # noqa: F401  (tasks registers)
 
 
 def main() -> None:
@@ -33,7 +32,7 @@ def main() -> None:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     drafts.save_ngram_drafts(out / "ngram.npz", unigram, bigram)
-    provenance = {
+    info = {
         "task": args.task,
         "split": args.split,
         "num_targets": len(targets),
@@ -41,11 +40,11 @@ def main() -> None:
         "vocab_size": size,
         "command": "python scripts/fit_ngram_drafts.py "
         + " ".join(f"--{k}={v}" for k, v in vars(args).items()),
-        "commit": benchmark.git_commit(),
-        "date": time.strftime("%Y-%m-%d"),
+        "commit": provenance.git_commit(),
+        "date": provenance.utc_date(),
     }
-    (out / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
-    print(json.dumps(provenance))
+    (out / "provenance.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps(info))
 
 
 if __name__ == "__main__":

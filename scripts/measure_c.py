@@ -14,7 +14,7 @@ import sys
 
 import gin
 
-from specdec_t5x import benchmark, gin_utils
+from specdec_t5x import benchmark, gin_utils, provenance, reports
 
 
 def build_config(model: str, dtype: str, bindings: list[str]):
@@ -67,7 +67,7 @@ def main(argv=None) -> pathlib.Path:
     command = shlex.join(
         ["python", "scripts/measure_c.py", *(sys.argv[1:] if argv is None else argv)]
     )
-    path = benchmark.write_results(result, args.out_dir, name, command)
+    path = provenance.write_results(result, args.out_dir, name, command, reports.step_cost_table)
     path.with_suffix(".target.gin").write_text(target_gin)
     path.with_suffix(".draft.gin").write_text(draft_gin)
     print(path.with_suffix(".md").read_text())

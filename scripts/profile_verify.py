@@ -80,7 +80,7 @@ if ARGS.breakdown:  # per-thunk trace events; must be set before the backend is 
     ).strip()
 
 import collections  # noqa: E402
-import datetime  # noqa: E402
+import functools  # noqa: E402
 import glob  # noqa: E402
 import gzip  # noqa: E402
 import importlib.util  # noqa: E402
@@ -96,7 +96,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specdec_t5x import models, network  # noqa: E402
+from specdec_t5x import models, network, provenance  # noqa: E402
 
 
 def network_at(ref: str):
@@ -347,8 +347,8 @@ def dot_curves(names, ms=(1, 2, 4, 8)) -> dict:
         calls = {}
         for m in ms:
             x = jnp.ones((m, i), jnp.float32)
-            calls[("hot", m)] = (lambda x=x: f(x, *([ws[0]] * n)), n)
-            calls[("streamed", m)] = (lambda x=x: f(x, *ws), n)
+            calls[("hot", m)] = (functools.partial(f, x, *([ws[0]] * n)), n)
+            calls[("streamed", m)] = (functools.partial(f, x, *ws), n)
         times = time_all(calls, max(5, ARGS.rounds // 3))
         res = {}
         for (kind, m), t in times.items():
@@ -368,22 +368,16 @@ def dot_curves(names, ms=(1, 2, 4, 8)) -> dict:
 
 
 def hardware() -> dict:
+    """`provenance.hardware_info()` plus what matters for CPU kernels: caches, SIMD, affinity."""
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
-    keep = ("Model name", "CPU(s)", "Thread(s) per core", "L1d cache", "L2 cache", "L3 cache")
-    hw = {k: fields[k].strip() for k in keep if k in fields}
+    keep = ("Thread(s) per core", "L1d cache", "L2 cache", "L3 cache")
+    hw = provenance.hardware_info() | {k: fields[k].strip() for k in keep if k in fields}
     flags = fields.get("Flags", "").split()
     hw["simd"] = " ".join(f for f in flags if f in ("avx2", "fma", "avx512f", "avx512_bf16"))
     hw["affinity"] = sorted(os.sched_getaffinity(0))
-    hw["jax"] = f"{jax.__version__} {jax.devices()}"
     hw["xla_flags"] = os.environ.get("XLA_FLAGS", "")
     return hw
-
-
-def commit() -> str:
-    run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
-    dirty = run("status", "--porcelain", "--", "specdec_t5x/network.py", "specdec_t5x/models.py")
-    return run("rev-parse", "HEAD") + ("-dirty" if dirty else "")
 
 
 def markdown(result: dict) -> str:
@@ -460,8 +454,8 @@ def main() -> None:
     result = {
         "title": f" ({ARGS.tag})" if ARGS.tag else "",
         "command": "python " + shlex.join(sys.argv),
-        "commit": commit(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": provenance.git_commit(),
+        "date": provenance.utc_date(),
         "hardware": hardware(),
         "load_before": [round(x, 2) for x in os.getloadavg()],
         "settings": {k: getattr(ARGS, k) for k in ("position", "enc_len", "max_len", "rounds")}

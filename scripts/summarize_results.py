@@ -9,7 +9,7 @@ import argparse
 import json
 import pathlib
 
-from specdec_t5x import evaluation
+from specdec_t5x import reports
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
         )
     if not files:
         raise SystemExit(f"no metrics.json under {args.dirs}")
-    table = evaluation.results_table(files)
+    table = reports.results_table(files)
     first = json.loads(files[0].read_text())
     footer = f"\nHardware: {first['hardware']}; commit {first['commit']}; {first['date']}."
     print(table + footer)

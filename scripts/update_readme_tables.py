@@ -9,7 +9,7 @@ from results/demo, results/table2 and results/table3 (run the scripts that make 
 import json
 import pathlib
 
-from specdec_t5x import evaluation
+from specdec_t5x import reports
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -22,7 +22,7 @@ def _metrics(path: pathlib.Path) -> dict:
 def _table(dirs) -> str:
     files = [d / "metrics.json" for d in dirs]
     first = json.loads(files[0].read_text())
-    return evaluation.results_table(files) + (
+    return reports.results_table(files) + (
         f"\n\nHardware: {first['hardware']}; commit `{first['commit']}`; {first['date']}."
     )
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
+import functools
 import json
 import pathlib
 import re
@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, drafts, embedded, models, network, theory, widen
+from specdec_t5x import benchmark, drafts, embedded, models, network, provenance, theory, widen
 from specdec_t5x.data import export_tokens
 
 TOKENS_FILE = pathlib.Path(__file__).resolve().parents[1] / "results/accelerator/ddtp_tokens.npz"
@@ -190,6 +190,12 @@ def _new_cache(module, params, enc, max_len):
     return models.init_cache(module, params, encoded, enc, max_len)
 
 
+def _chained_call(fn, params, enc, tokens, positions, caches, key):
+    """One timed call of a looped step; its cache becomes the next call's (`caches[key]`)."""
+    total, caches[key] = fn(params, enc, tokens, positions, caches[key])
+    return total
+
+
 def step_costs(models_, enc_tokens, s, budget) -> dict[str, Any]:
     """T(k) of the target and the one-token step of every draft, per batch size.
 
@@ -214,11 +220,9 @@ def step_costs(models_, enc_tokens, s, budget) -> dict[str, Any]:
                 caches[key] = jax.tree_util.tree_map(jnp.copy, cache)
                 tokens = jnp.full((batch, k), 5, jnp.int32)
 
-                def call(fn=fn, params=params, tokens=tokens, key=key):
-                    total, caches[key] = fn(params, enc, tokens, pos, caches[key])
-                    return total
-
-                calls[key] = call
+                calls[key] = functools.partial(
+                    _chained_call, fn, params, enc, tokens, pos, caches, key
+                )
         samples = benchmark.time_interleaved(calls, s["repeats"], warmup=1)
         ms = {k: statistics.median(v) / s["steps_per_call"] for k, v in samples.items()}
         t1 = ms["target_k1"]
@@ -479,8 +483,9 @@ def run_benchmark(out_dir: str, smoke: bool, tokens_file: str, command: str) -> 
         "devices": [str(d) for d in jax.devices()],
         "jax_version": jax.__version__,
         "command": command,
-        "commit": benchmark.git_commit(pathlib.Path(__file__).resolve().parents[1]),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": provenance.git_commit(),
+        "date": provenance.utc_date(),
+        "hardware": provenance.hardware_info(),
         "smoke": smoke,
         "tokens_file": {"path": str(tokens_file), **data["meta"]},
         "target": {

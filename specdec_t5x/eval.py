@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import gin
 
-from specdec_t5x import evaluation, gin_utils
+from specdec_t5x import evaluation, gin_utils, provenance, reports
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (imported by seqio) is chatty
 
@@ -42,16 +42,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     files, bindings = parse_flags(argv)
     gin_utils.parse(["gin/runs/eval.gin", *files], bindings)
     evaluate = gin.get_configurable(evaluation.evaluate)
-    metrics = evaluate(
-        command="python -m specdec_t5x.eval " + " ".join(argv),
-        operative_config=gin_utils.operative_config(),
-    )
-    # The operative config is only complete after the call; write it again.
+    metrics = evaluate(command="python -m specdec_t5x.eval " + " ".join(argv))
+    # Written once, after the call: only then does the operative config hold every value used.
     out_dir = gin.query_parameter("%EVAL_OUTPUT_DIR")
-    with open(f"{out_dir}/operative_config.gin", "w") as f:
-        f.write(gin_utils.operative_config())
-    print(evaluation.TABLE_HEADER)
-    print(evaluation.table_row(metrics))
+    provenance.write_operative_config(out_dir, gin_utils.operative_config())
+    print(reports.TABLE_HEADER)
+    print(reports.table_row(metrics))
     print(json.dumps({k: metrics[k] for k in ("identical_fraction", "speedup")}))
     print(f"results: {out_dir}")
     return metrics

@@ -8,6 +8,7 @@ without decorators, as in T5X. Includes are relative to `gin/` (e.g.
 
 from __future__ import annotations
 
+import difflib
 import pathlib
 import re
 from collections.abc import Sequence
@@ -27,7 +28,9 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (), finalize: bool
 
     Raises:
       FileNotFoundError: a gin file found neither as given nor under `gin/`.
-      ValueError: a macro is still `%gin.REQUIRED` after parsing (the message names it).
+      ValueError: a macro is still `%gin.REQUIRED` after parsing (the message names it), or a
+        binding sets a macro nothing references (e.g. a mistyped `GAMA=3`; gin itself accepts
+        it silently and the run would go on with the default).
     """
     gin.add_config_file_search_path(str(GIN_DIR.parent))
     gin.add_config_file_search_path(str(GIN_DIR))
@@ -49,8 +52,40 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (), finalize: bool
             + " (set them in a gin file or with --gin.NAME=VALUE, e.g. "
             + f"--gin.{missing[0]}=...)."
         )
+    unused = unused_macros(bindings)
+    if unused:
+        known = [name for name in defined_macros() if name not in unused]
+        hints = [
+            f"{name} (did you mean {', '.join(difflib.get_close_matches(name, known, n=2))}?)"
+            if difflib.get_close_matches(name, known, n=1)
+            else name
+            for name in unused
+        ]
+        raise ValueError(
+            "binding(s) set gin macro(s) that nothing in the config uses: "
+            + "; ".join(hints)
+            + f". Macros of this config: {', '.join(known)}."
+        )
     if finalize:
         gin.finalize()
+
+
+def _macro_name(binding: str) -> str | None:
+    """'GAMMA = 5' -> 'GAMMA'; None for a parameter binding ('a.b = 1', 'scope/a.b = 1')."""
+    match = re.match(r"\s*([A-Za-z_]\w*)\s*=", binding)
+    return match.group(1) if match else None
+
+
+def defined_macros() -> list[str]:
+    """Names of the macros defined in the parsed config."""
+    return sorted(set(re.findall(r"^(\w+) = ", gin.config_str(), re.MULTILINE)))
+
+
+def unused_macros(bindings: Sequence[str]) -> list[str]:
+    """Macros set by `bindings` that no binding or macro of the parsed config references."""
+    text = gin.config_str()
+    names = [name for name in map(_macro_name, bindings) if name]
+    return [name for name in names if not re.search(rf"%{name}\b", text)]
 
 
 def missing_required_macros() -> list[str]:

@@ -29,18 +29,18 @@ import seqio
 import tensorflow as tf
 
 from specdec_t5x import metrics, vocab
-from specdec_t5x.data import build
+from specdec_t5x.data import corpora
 
-DDTP_TASK = build.DDTP
-SUMMARIZE_TASK = build.SUMMARIZE
+DDTP_TASK = corpora.DDTP
+SUMMARIZE_TASK = corpora.SUMMARIZE
 WMT_TASK = "wmt_t2t_ende_v003"
 CNN_DM_TASK = "cnn_dailymail_v002"
 T5_VOCAB_ENV = "SPECDEC_T5_VOCAB"
 T5_PUBLIC_VOCAB = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
-# The string fields of each corpus' JSONL rows (see `specdec_t5x.data.build`).
+# The string fields of each corpus' JSONL rows (see `specdec_t5x.data.corpora`).
 CORPUS_FIELDS = {
-    build.DDTP: ("en", "de", "kind", "package", "source"),
-    build.SUMMARIZE: ("document", "synopsis", "package", "source"),
+    corpora.DDTP: ("en", "de", "kind", "package", "source"),
+    corpora.SUMMARIZE: ("document", "synopsis", "package", "source"),
 }
 # English names of languages, as T5 takes them from babel.
 _LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "ro": "Romanian"}
@@ -100,7 +100,7 @@ def read_corpus(
     `shuffle_files` the whole split is shuffled (it fits in memory), not only a window of it.
 
     Args:
-      corpus: `build.DDTP` or `build.SUMMARIZE`.
+      corpus: `corpora.DDTP` or `corpora.SUMMARIZE`.
       split: "train", "validation" or "test".
       shuffle_files: whether to shuffle the rows (reshuffled every epoch).
       seed: shuffle seed; None for a random one.
@@ -111,7 +111,7 @@ def read_corpus(
     Raises:
       FileNotFoundError: the corpora are not built.
     """
-    path = pathlib.Path(build.default_data_dir()) / corpus / f"{split}.jsonl"
+    path = pathlib.Path(corpora.default_data_dir()) / corpus / f"{split}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} not found: build the corpora with `python -m specdec_t5x.data.build` "
@@ -163,7 +163,7 @@ def register_debian_tasks(vocabulary: seqio.Vocabulary | None = None) -> None:
     _add_task(
         DDTP_TASK,
         source=seqio.FunctionDataSource(
-            functools.partial(read_corpus, build.DDTP), splits=build.SPLITS
+            functools.partial(read_corpus, corpora.DDTP), splits=corpora.SPLITS
         ),
         preprocessors=_preprocessors(
             functools.partial(translate, source_language="en", target_language="de")
@@ -174,7 +174,7 @@ def register_debian_tasks(vocabulary: seqio.Vocabulary | None = None) -> None:
     _add_task(
         SUMMARIZE_TASK,
         source=seqio.FunctionDataSource(
-            functools.partial(read_corpus, build.SUMMARIZE), splits=build.SPLITS
+            functools.partial(read_corpus, corpora.SUMMARIZE), splits=corpora.SPLITS
         ),
         preprocessors=_preprocessors(
             functools.partial(summarize, article_key="document", summary_key="synopsis")

@@ -81,12 +81,12 @@ def train_vocabulary(
     """
     import sentencepiece  # Lazy: only the vocabulary's author needs the trainer.
 
-    from specdec_t5x.data import build
+    from specdec_t5x.data import corpora
 
     out_path = pathlib.Path(out_path)
     if out_path.suffix != ".model":
         raise ValueError(f"out_path must end in .model, got {out_path}")
-    data_dir = pathlib.Path(data_dir) if data_dir else build.default_data_dir()
+    data_dir = pathlib.Path(data_dir) if data_dir else corpora.default_data_dir()
     texts = (" ".join(text.split()) for text in training_texts(data_dir))  # No newlines inside.
     model = io.BytesIO()
     options = dict(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specdec_t5x import network
-from specdec_t5x.data import build
+from specdec_t5x.data import corpora
 
 TINY = dict(
     emb_dim=8,
@@ -77,9 +77,9 @@ SUMMARY_ROWS = [
 def data_dir(tmp_path, monkeypatch):
     """A data directory with both corpora: every split holds the same few rows."""
     provenance = {"package": "acme", "source": "acmetools"}
-    for corpus, rows in ((build.DDTP, DDTP_ROWS), (build.SUMMARIZE, SUMMARY_ROWS)):
+    for corpus, rows in ((corpora.DDTP, DDTP_ROWS), (corpora.SUMMARIZE, SUMMARY_ROWS)):
         (tmp_path / corpus).mkdir()
-        for split in build.SPLITS:
+        for split in corpora.SPLITS:
             lines = [
                 json.dumps({**row, **provenance, "kind": "sentence"}, ensure_ascii=False)
                 for row in rows

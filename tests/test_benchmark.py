@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import init_params, tiny_config
 
-from specdec_t5x import benchmark, drafts, models, network
+from specdec_t5x import benchmark, drafts, hf_compare, models, network, reports
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "measure_c.py"
 
@@ -57,11 +57,11 @@ def test_compare_with_hf_on_tiny_models(tmp_path):
     )
     rng = np.random.RandomState(0)
     inputs = [np.append(rng.randint(3, 32, n), 1).astype(np.int32) for n in (5, 3, 6)]
-    result = benchmark.compare_with_hf(
+    result = hf_compare.compare_with_hf(
         spec_model, init_params(target, 1), inputs, max_decode_len=8, gamma=3, work_dir=tmp_path
     )
     assert result["num_examples"] == 3 and result["num_generated_tokens"] > 3
     # Greedy speculative decoding is exact in both implementations, and they agree.
     assert result["hf_assisted_equals_greedy"] == result["ours_speculative_equals_greedy"] == 3
     assert result["ours_equals_hf"] == 3
-    assert "| HF transformers" in benchmark.hf_comparison_table(result)
+    assert "| HF transformers" in reports.hf_comparison_table(result)

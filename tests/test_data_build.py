@@ -1,4 +1,4 @@
-"""Tests for specdec_t5x.data.build: Debian index parsing, alignment, splits and idempotence.
+"""Tests for specdec_t5x.data (debian parsing, corpora splits, apt mirror and fetch, build idempotence).
 
 No network: the apt fetch is replaced by a fake apt-get script or by copying the fixture below,
 written in Debian's stanza format (multi-paragraph descriptions, list items, a verbatim line, an
@@ -12,7 +12,7 @@ import pathlib
 
 import pytest
 
-from specdec_t5x.data import build
+from specdec_t5x.data import apt, build, corpora, debian
 
 TRANSLATION_EN = """\
 Package: acme
@@ -132,43 +132,46 @@ ACME_PAIRS = [
 
 
 def _stanzas():
-    sources = build.source_packages(build.parse_stanzas(PACKAGES))
-    return build.parse_stanzas(TRANSLATION_EN), build.parse_stanzas(TRANSLATION_DE), sources
+    sources = debian.source_packages(debian.parse_stanzas(PACKAGES))
+    return debian.parse_stanzas(TRANSLATION_EN), debian.parse_stanzas(TRANSLATION_DE), sources
 
 
 def test_parse_stanzas_keeps_continuation_lines():
-    stanzas = build.parse_stanzas(TRANSLATION_EN)
+    stanzas = debian.parse_stanzas(TRANSLATION_EN)
     assert [s["Package"] for s in stanzas] == ["acme", "acme-doc", "libzed1", "bar", "qux"]
     description = stanzas[0]["Description-en"]
     assert description.startswith("frobnicate widgets quickly\n Acme frobnicates")
     assert "\n .\n Features:\n  * colour output\n" in description
     with pytest.raises(ValueError, match="continuation"):
-        build.parse_stanzas(" orphan continuation\n")
+        debian.parse_stanzas(" orphan continuation\n")
     with pytest.raises(ValueError, match="Field: value"):
-        build.parse_stanzas("no colon here\n")
+        debian.parse_stanzas("no colon here\n")
 
 
 def test_description_md5_is_debians():
-    for stanza in build.parse_stanzas(TRANSLATION_EN):
-        assert build.description_md5(stanza["Description-en"]) == stanza["Description-md5"]
+    for stanza in debian.parse_stanzas(TRANSLATION_EN):
+        assert debian.description_md5(stanza["Description-en"]) == stanza["Description-md5"]
 
 
 def test_split_description_and_units():
-    synopsis, paragraphs = build.split_description(
-        build.parse_stanzas(TRANSLATION_EN)[0]["Description-en"]
+    synopsis, paragraphs = debian.split_description(
+        debian.parse_stanzas(TRANSLATION_EN)[0]["Description-en"]
     )
     assert synopsis == "frobnicate widgets quickly"
     assert len(paragraphs) == 4
     assert paragraphs[2] == ["Example:", "  acme --frob widget.txt"]
-    assert build.is_verbatim(paragraphs[2][1]) and not build.is_verbatim(paragraphs[2][0])
-    assert build.paragraph_units(paragraphs[1]) == [
+    assert debian.is_verbatim(paragraphs[2][1]) and not debian.is_verbatim(paragraphs[2][0])
+    assert debian.paragraph_units(paragraphs[1]) == [
         ("text", "Features:"),
         ("item", "colour output"),
         ("item", "plugins for bar and baz"),
     ]
-    assert build.paragraph_units(paragraphs[2]) == [("text", "Example:")]
+    assert debian.paragraph_units(paragraphs[2]) == [("text", "Example:")]
     # A verbatim block between prose lines splits the prose into two blocks.
-    assert build.paragraph_units(["One.", "  code", "Two."]) == [("text", "One."), ("text", "Two.")]
+    assert debian.paragraph_units(["One.", "  code", "Two."]) == [
+        ("text", "One."),
+        ("text", "Two."),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -186,15 +189,15 @@ def test_split_description_and_units():
     ],
 )
 def test_split_sentences(text, expected):
-    assert build.split_sentences(text) == expected
+    assert debian.split_sentences(text) == expected
 
 
 def test_align_descriptions_fallbacks():
     en = "syn\n One. Two.\n .\n Three."
     # Different paragraph counts: only the synopses pair.
-    assert build.align_descriptions(en, "Syn\n Eins. Zwei. Drei.") == [("syn", "Syn", "synopsis")]
+    assert debian.align_descriptions(en, "Syn\n Eins. Zwei. Drei.") == [("syn", "Syn", "synopsis")]
     # Different sentence counts: the paragraph pairs whole.
-    assert build.align_descriptions(en, "Syn\n Eins, zwei.\n .\n Drei.") == [
+    assert debian.align_descriptions(en, "Syn\n Eins, zwei.\n .\n Drei.") == [
         ("syn", "Syn", "synopsis"),
         ("One. Two.", "Eins, zwei.", "paragraph"),
         ("Three.", "Drei.", "sentence"),
@@ -203,7 +206,7 @@ def test_align_descriptions_fallbacks():
 
 def test_ddtp_rows_on_fixture():
     en, de, sources = _stanzas()
-    rows, counts = build.ddtp_rows(en, de, sources)
+    rows, counts = debian.ddtp_rows(en, de, sources)
     pairs = [(r["en"], r["de"], r["kind"]) for r in rows]
     assert pairs[: len(ACME_PAIRS)] == ACME_PAIRS
     assert pairs[len(ACME_PAIRS) :] == [
@@ -229,34 +232,34 @@ def test_ddtp_rows_on_fixture():
 
 def test_summarization_rows_bounds_and_cap(monkeypatch):
     en, _, sources = _stanzas()
-    rows, counts = build.summarization_rows(en, sources)
+    rows, counts = debian.summarization_rows(en, sources)
     assert [(r["package"], r["source"], r["synopsis"]) for r in rows] == [
         ("qux", "qux", "tool to count words in text files")
     ]
     document = rows[0]["document"]
     assert document.startswith("Qux reads one or more text files")
     assert "--skip-comments" not in document  # The verbatim line is dropped.
-    assert build.MIN_DOCUMENT_WORDS <= len(document.split()) <= build.MAX_DOCUMENT_WORDS
+    assert debian.MIN_DOCUMENT_WORDS <= len(document.split()) <= debian.MAX_DOCUMENT_WORDS
     assert counts["dropped_length"] == 4
 
     twins = [{**en[-1], "Package": f"qux{i}"} for i in range(3)]
     twins = [
         {**t, "Description-en": t["Description-en"] + f" Variant {i}."} for i, t in enumerate(twins)
     ]
-    monkeypatch.setattr(build, "MAX_DOCUMENTS_PER_SOURCE", 2)
-    rows, counts = build.summarization_rows(twins, {t["Package"]: "quxsrc" for t in twins})
+    monkeypatch.setattr(debian, "MAX_DOCUMENTS_PER_SOURCE", 2)
+    rows, counts = debian.summarization_rows(twins, {t["Package"]: "quxsrc" for t in twins})
     assert len(rows) == 2 and counts["dropped_source_cap"] == 1
-    rows, counts = build.summarization_rows(en[-1:] * 2, {})
+    rows, counts = debian.summarization_rows(en[-1:] * 2, {})
     assert len(rows) == 1 and counts["dropped_duplicate"] == 1
 
 
 def test_split_of_is_stable():
     # Pinned: changing the hash rule would silently reshuffle every split.
-    assert build.split_of("acmetools") == "test"
-    assert build.split_of("zedtools") == "validation"
-    assert build.split_of("bar") == "train"
-    assert build.split_of("coreutils") == "test"
-    fractions = collections.Counter(build.split_of(f"src{i}") for i in range(20000))
+    assert corpora.split_of("acmetools") == "test"
+    assert corpora.split_of("zedtools") == "validation"
+    assert corpora.split_of("bar") == "train"
+    assert corpora.split_of("coreutils") == "test"
+    fractions = collections.Counter(corpora.split_of(f"src{i}") for i in range(20000))
     assert abs(fractions["train"] / 20000 - 0.90) < 0.01
     assert abs(fractions["validation"] / 20000 - 0.05) < 0.01
 
@@ -282,29 +285,32 @@ def _read_jsonl(path):
 def test_build_corpora_writes_splits_and_is_idempotent(tmp_path, monkeypatch, caplog):
     calls = []
 
-    def fake_fetch(dest_dir):
+    def fake_fetch(dest_dir, mirror):
         calls.append(dest_dir)
+        assert mirror == MIRROR
         return _write_fixture_index(dest_dir)
 
-    monkeypatch.setattr(build, "fetch_indexes", fake_fetch)
+    monkeypatch.setenv("SPECDEC_DEBIAN_MIRROR", MIRROR)
+    monkeypatch.setattr(apt, "fetch_indexes", fake_fetch)
     with caplog.at_level(logging.WARNING):
         manifest = build.build_corpora(tmp_path)
     assert len(calls) == 1
     assert "differs from the reference" in caplog.text
     assert manifest["matches_reference_sha256"] is False
     assert manifest["archive"]["release"]["version"] == "12.0"
+    assert manifest["archive"]["mirror"] == MIRROR
     assert len(manifest["index_files"]["Translation-en"]["sha256"]) == 64
 
-    ddtp = manifest["corpora"][build.DDTP]
-    assert {s: ddtp["splits"][s]["rows"] for s in build.SPLITS} == {
+    ddtp = manifest["corpora"][corpora.DDTP]
+    assert {s: ddtp["splits"][s]["rows"] for s in corpora.SPLITS} == {
         "train": 0,
         "validation": 2,
         "test": 10,
     }
-    assert manifest["corpora"][build.SUMMARIZE]["splits"]["train"]["rows"] == 1
+    assert manifest["corpora"][corpora.SUMMARIZE]["splits"]["train"]["rows"] == 1
     splits_of_source = collections.defaultdict(set)
-    for corpus in (build.DDTP, build.SUMMARIZE):
-        for split in build.SPLITS:
+    for corpus in (corpora.DDTP, corpora.SUMMARIZE):
+        for split in corpora.SPLITS:
             for row in _read_jsonl(tmp_path / corpus / f"{split}.jsonl"):
                 assert row["package"] and row["source"]
                 splits_of_source[row["source"]].add(split)
@@ -313,12 +319,14 @@ def test_build_corpora_writes_splits_and_is_idempotent(tmp_path, monkeypatch, ca
 
     assert build.build_corpora(tmp_path) == manifest  # Second run: no fetch, same manifest.
     assert len(calls) == 1
-    (tmp_path / build.DDTP / "test.jsonl").unlink()  # An incomplete build is redone.
+    (tmp_path / corpora.DDTP / "test.jsonl").unlink()  # An incomplete build is redone.
     build.build_corpora(tmp_path)
     assert len(calls) == 2
     build.build_corpora(tmp_path, force=True)
     assert len(calls) == 3
 
+
+MIRROR = "http://mirror.example/debian"  # A fake host: no test names a real mirror.
 
 FAKE_APT_GET = """\
 #!/bin/sh
@@ -329,13 +337,14 @@ grep -q '^Dir::Etc::SourceList "/dev/null";' "$2" || exit 4
 lists=$(sed -n 's/^Dir::State::Lists "\\(.*\\)";$/\\1/p' "$2")
 parts=$(sed -n 's/^Dir::Etc::SourceParts "\\(.*\\)";$/\\1/p' "$2")
 grep -q '^Suites: bookworm$' "$parts/debian.sources" || exit 5
-prefix="$lists/deb.debian.org_debian_dists_bookworm"
+grep -q "^URIs: $EXPECTED_MIRROR$" "$parts/debian.sources" || exit 6
+prefix="$lists/mirror.example_debian_dists_bookworm"
 for name in main_binary-amd64_Packages main_i18n_Translation-en main_i18n_Translation-de InRelease
 do echo "Package: $name" > "${prefix}_$name"; done
 """
 
 
-def test_fetch_indexes_with_fake_apt(tmp_path, monkeypatch):
+def _fake_apt(tmp_path, monkeypatch):
     apt_get = tmp_path / "apt-get"
     apt_get.write_text(FAKE_APT_GET)
     apt_get.chmod(0o755)
@@ -343,20 +352,88 @@ def test_fetch_indexes_with_fake_apt(tmp_path, monkeypatch):
     keyring.write_bytes(b"")
     monkeypatch.setenv("SPECDEC_APT_GET", str(apt_get))
     monkeypatch.setenv("SPECDEC_DEBIAN_KEYRING", str(keyring))
-    paths = build.fetch_indexes(tmp_path / "index")
-    assert set(paths) == set(build.INDEX_FILES)
+    monkeypatch.setenv("EXPECTED_MIRROR", MIRROR)
+
+
+def test_fetch_indexes_with_fake_apt_and_mirror_override(tmp_path, monkeypatch):
+    _fake_apt(tmp_path, monkeypatch)
+    monkeypatch.setenv("SPECDEC_DEBIAN_MIRROR", MIRROR + "/")
+    paths = apt.fetch_indexes(tmp_path / "index")
+    assert set(paths) == set(apt.INDEX_FILES)
     assert paths["Translation-de"].read_text() == "Package: main_i18n_Translation-de\n"
-    assert sorted(p.name for p in (tmp_path / "index").iterdir()) == sorted(build.INDEX_FILES)
+    assert sorted(p.name for p in (tmp_path / "index").iterdir()) == sorted(apt.INDEX_FILES)
+
+
+def _apt_etc(tmp_path, sources_list="", parts=()):
+    etc = tmp_path / "etc-apt"
+    (etc / "sources.list.d").mkdir(parents=True)
+    (etc / "sources.list").write_text(sources_list)
+    for name, text in parts:
+        (etc / "sources.list.d" / name).write_text(text)
+    return etc
+
+
+def test_mirror_from_one_line_sources_list(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECDEC_DEBIAN_MIRROR", raising=False)
+    etc = _apt_etc(
+        tmp_path,
+        "# a comment\n"
+        "deb-src http://src.example/debian bookworm main\n"
+        "deb [arch=amd64 signed-by=/k.gpg] http://other.example/x stable contrib\n"
+        f"deb [ arch=amd64 ] {MIRROR}/ bookworm main contrib  # trailing comment\n",
+    )
+    assert apt.debian_mirror(etc) == MIRROR
+
+
+def test_mirror_from_deb822_sources_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECDEC_DEBIAN_MIRROR", raising=False)
+    etc = _apt_etc(
+        tmp_path,
+        parts=[
+            (
+                "a.sources",
+                f"Types: deb\nURIs: {MIRROR}\nSuites: bookworm\nComponents: main\nEnabled: no\n",
+            ),
+            ("b.list.disabled", f"deb {MIRROR}-disabled bookworm main\n"),
+            (
+                "c.sources",
+                "# comment\nTypes: deb deb-src\nURIs: http://mirror.example/d2\n"
+                "Suites: bookworm bookworm-updates\nComponents: main\n"
+                "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
+            ),
+        ],
+    )
+    assert apt.debian_mirror(etc) == "http://mirror.example/d2"
+
+
+def test_mirror_falls_back_to_a_debian_keyring_source(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECDEC_DEBIAN_MIRROR", raising=False)
+    keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+    etc = _apt_etc(
+        tmp_path,
+        f"deb [signed-by={keyring}] {MIRROR} trixie main\n",
+        [("x.sources", "Types: deb\nURIs: http://other.example/x\nSuites: nodistro\n")],
+    )
+    assert apt.debian_mirror(etc) == MIRROR
+
+
+def test_mirror_override_and_missing_mirror_error(tmp_path, monkeypatch):
+    etc = _apt_etc(tmp_path, "deb http://other.example/ubuntu jammy main\n")
+    monkeypatch.setenv("SPECDEC_DEBIAN_MIRROR", MIRROR)
+    assert apt.debian_mirror(etc) == MIRROR
+    monkeypatch.delenv("SPECDEC_DEBIAN_MIRROR")
+    with pytest.raises(RuntimeError, match="no Debian mirror.*SPECDEC_DEBIAN_MIRROR"):
+        apt.debian_mirror(etc)
 
 
 def test_missing_apt_get_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_APT_GET", str(tmp_path / "no-apt-get"))
     with pytest.raises(RuntimeError, match="SPECDEC_APT_GET"):
-        build.fetch_indexes(tmp_path / "index")
+        apt.fetch_indexes(tmp_path / "index")
 
 
 def test_default_data_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
-    assert build.default_data_dir() == tmp_path
+    assert corpora.default_data_dir() == tmp_path
     monkeypatch.delenv("SPECDEC_DATA_DIR")
-    assert build.default_data_dir() == pathlib.Path.home() / ".cache/specdec_t5x/data"
+    assert corpora.default_data_dir() == pathlib.Path.home() / ".cache/specdec_t5x/data"

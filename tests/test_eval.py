@@ -4,11 +4,12 @@ import json
 import pathlib
 
 import gin
+import jax
 import jax.numpy as jnp
 import pytest
 from conftest import init_params, perturbed, tiny_config
 
-from specdec_t5x import drafts, evaluation, gin_utils, models, network, vocab
+from specdec_t5x import drafts, evaluation, gin_utils, models, network, reports, vocab
 
 REQUIRED_KEYS = (
     "task split num_examples gamma temperature topk topp draft speedup alpha_counted alpha_beta "
@@ -68,9 +69,21 @@ def test_near_tie_report_names_position_and_gap(tiny_pair):
     enc = jnp.asarray([5, 6, 7, 1] + [0] * 4, jnp.int32)
     base = jnp.asarray([9, 9, 9, 1, 0, 0], jnp.int32)
     other = base.at[2].set(10)
-    report = evaluation.near_tie_report(spec_model.module, params, enc, base, other)
+    report = reports.near_tie_report(spec_model.module, params, enc, base, other)
     assert report["position"] == 2 and report["speculative_token"] == 10
-    assert report["top2_logit_gap"] >= 0.0
+    assert report["baseline_token"] == 9
+    # Independently: the teacher-forced logits at position 2 (decoder input [0, 9, 9, ...]).
+    logits = spec_model.module.apply(
+        {"params": params},
+        enc[None],
+        jnp.asarray([[0, 9, 9, 9, 1, 0]]),
+        jnp.ones((1, 6), jnp.int32),
+        enable_dropout=False,
+    )[0, 2]
+    top2_values, top2_ids = jax.lax.top_k(logits, 2)
+    assert report["top2_logit_gap"] == pytest.approx(float(top2_values[0] - top2_values[1]))
+    assert report["top2_logit_gap"] > 0.0  # random weights: no exact tie
+    assert report["speculative_is_runner_up"] == (int(top2_ids[1]) == 10)
 
 
 EXPERIMENTS = sorted(

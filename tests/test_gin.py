@@ -98,8 +98,18 @@ def test_draft_gin_builds_a_draft(name):
         return
     embedded = "ende" in name or "sum" in name  # the project-vocabulary drafts
     base = "gin/models/embedded_common.gin" if embedded else "gin/models/t5_1_1_tiny.gin"
-    draft = build([base, f"gin/models/{name}"], ["DROPOUT_RATE = 0.0"], what="%DRAFT")
+    bindings = [] if embedded else ["DROPOUT_RATE = 0.0"]  # embedded_common has no dropout
+    draft = build([base, f"gin/models/{name}"], bindings, what="%DRAFT")
     vocab = 8192 if embedded else 32128
     cache, step = draft.prepare(draft.params, jnp.ones((2, 5), jnp.int32), 7)
     logits, _ = step(jnp.zeros((2, 3), jnp.int32), jnp.zeros((2,), jnp.int32), cache)
     assert logits.shape == (2, 3, vocab)
+
+
+def test_mistyped_macro_binding_is_an_error_naming_the_macro():
+    files = ["gin/runs/eval.gin", "gin/experiments/embedded_ende_model_t0.gin"]
+    with pytest.raises(ValueError, match=r"GAMA \(did you mean GAMMA"):
+        gin_utils.parse(files, ["GAMA=3"], finalize=False)
+    gin.clear_config(clear_constants=True)
+    gin_utils.parse(files, ["GAMMA=3"], finalize=False)  # the right name is accepted
+    assert gin.query_parameter("%GAMMA") == 3

@@ -350,42 +350,42 @@ def test_argmax_identity_with_ngram_and_source_copy_drafts(t5_setup, gamma):
         np.testing.assert_array_equal(decodes, expected, err_msg=type(draft).__name__)
 
 
-def test_prompt_and_max_decode_steps_match_baseline(t5_setup):
+@pytest.mark.parametrize("steps", [None, 5])
+def test_prompt_and_max_decode_steps_match_baseline(t5_setup, steps):
     module, params, batch, _ = t5_setup
     prompt = jnp.zeros((BATCH, MAX_LEN), jnp.int32).at[:, 1:4].set(jnp.array([5, 9, 7]))
     prompt = prompt.at[1, 2:].set(0)  # row 1: a one-token prompt
     baseline = models.EncoderDecoderModel(module)
     draft = drafts.T5Draft(module, perturbed(params, 0.05, 3))
     spec = models.SpeculativeEncoderDecoderModel(module, draft)
-    for steps in (None, 5):
-        kw = {"temperature": 0.0, "topk": 0, "max_decode_steps": steps}
-        want = jax.jit(
-            lambda p, enc: baseline.decode_fn(
-                inputs=prompt,
-                **dict(
-                    zip(
-                        ("cache", "tokens_to_logits"),
-                        _baseline_state(baseline, p, enc),
-                        strict=True,
-                    )
-                ),
-                eos_id=EOS,
-                **kw,
-            )[0][:, -1]
-        )(params, batch["encoder_input_tokens"])
-        got, _ = jax.jit(
-            lambda p, enc: spec.decode_fn(
-                prompt,
-                *_spec_state(spec, module, p, draft, enc),
-                EOS,
-                gamma=3,
-                temperature=0.0,
-                max_decode_steps=steps,
-            )
-        )(params, batch["encoder_input_tokens"])
-        np.testing.assert_array_equal(got, want)
-        np.testing.assert_array_equal(got[0, :3], [5, 9, 7])  # the prompt is kept
-        assert int(got[1, 0]) == 5
+    kw = {"temperature": 0.0, "topk": 0, "max_decode_steps": steps}
+    want = jax.jit(
+        lambda p, enc: baseline.decode_fn(
+            inputs=prompt,
+            **dict(
+                zip(
+                    ("cache", "tokens_to_logits"),
+                    _baseline_state(baseline, p, enc),
+                    strict=True,
+                )
+            ),
+            eos_id=EOS,
+            **kw,
+        )[0][:, -1]
+    )(params, batch["encoder_input_tokens"])
+    got, _ = jax.jit(
+        lambda p, enc: spec.decode_fn(
+            prompt,
+            *_spec_state(spec, module, p, draft, enc),
+            EOS,
+            gamma=3,
+            temperature=0.0,
+            max_decode_steps=steps,
+        )
+    )(params, batch["encoder_input_tokens"])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got[0, :3], [5, 9, 7])  # the prompt is kept
+    assert int(got[1, 0]) == 5
 
 
 def _baseline_state(model, params, enc):

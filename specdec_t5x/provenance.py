@@ -1,0 +1,139 @@
+"""Where a result came from: commit, hardware, date and command, written beside every result.
+
+One module, one rule, used by the eval job (`evaluation`), the benchmarks (`scripts/measure_c.py`,
+`scripts/bench_vs_hf.py`, `scripts/profile_verify.py`), the train script and the corpus builder.
+
+The "dirty" rule: a commit is reported as `<sha>-dirty` when *tracked* files outside the run-output
+folders `results/` and `runs/` differ from HEAD. Untracked files and regenerated results do not
+make a tree dirty; edited code or gin files do.
+
+The operative gin config is not made here (library code never imports gin): scripts pass
+`gin_utils.operative_config()` text to `write_operative_config` once, after the run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import platform
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RUN_OUTPUT_DIRS = ("results", "runs")  # Changes here do not make a tree dirty.
+OPERATIVE_CONFIG = "operative_config.gin"
+
+
+def _git(repo: str | os.PathLike, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def dirty_files(repo: str | os.PathLike = REPO) -> list[str]:
+    """Tracked files outside `results/` and `runs/` that differ from HEAD (`git status` lines).
+
+    Raises:
+      OSError, subprocess.CalledProcessError: git missing or `repo` not a git work tree.
+    """
+    excludes = [f":(exclude){d}" for d in RUN_OUTPUT_DIRS]
+    status = _git(repo, "status", "--porcelain", "--untracked-files=no", "--", ".", *excludes)
+    return status.splitlines()
+
+
+def git_commit(repo: str | os.PathLike = REPO) -> str:
+    """HEAD commit, suffixed '-dirty' by the rule above; 'unknown' outside git."""
+    try:
+        return _git(repo, "rev-parse", "HEAD").strip() + ("-dirty" if dirty_files(repo) else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def hardware_info() -> dict[str, Any]:
+    """CPU model (lscpu), core count, JAX devices and version, platform, load average now."""
+    import jax  # here, so the corpus builder can record provenance without importing JAX eagerly
+
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                cpu = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return {
+        "cpu_model": cpu,
+        "nproc": os.cpu_count(),
+        "jax_devices": [str(d) for d in jax.devices()],
+        "jax_version": jax.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average": list(os.getloadavg()),  # other work on the machine skews timings
+    }
+
+
+def hardware_description(hw: dict[str, Any] | None = None) -> str:
+    """One line: CPU model, cores, JAX version and devices, load average (of `hardware_info()`)."""
+    hw = hardware_info() if hw is None else hw
+    load = ", ".join(f"{x:.1f}" for x in hw.get("load_average", []))
+    return (
+        f"{hw['cpu_model']} ({hw['nproc']} cores); jax {hw['jax_version']} "
+        f"{', '.join(hw['jax_devices'])}; load average {load}"
+    )
+
+
+def utc_date() -> str:
+    """Now, ISO 8601 in UTC to the second (e.g. '2026-11-30T14:03:41+00:00')."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def record(command: str, repo: str | os.PathLike = REPO) -> dict[str, Any]:
+    """{'command', 'commit', 'hardware' (a `hardware_info()` dict), 'date'} for a result file."""
+    return {
+        "command": command,
+        "commit": git_commit(repo),
+        "hardware": hardware_info(),
+        "date": utc_date(),
+    }
+
+
+def markdown_lines(result: dict[str, Any]) -> list[str]:
+    """Provenance bullet texts (command, commit, date, hardware) of a result carrying `record`."""
+    notes = [f"{key}: `{result[key]}`" for key in ("command", "commit", "date") if key in result]
+    hw = result.get("hardware")
+    if isinstance(hw, dict):
+        notes.append(f"hardware: {hardware_description(hw)}")
+    elif hw:
+        notes.append(f"hardware: {hw}")
+    return notes
+
+
+def write_results(
+    result: dict[str, Any],
+    out_dir: str | os.PathLike,
+    name: str,
+    command: str,
+    table: Callable[[dict[str, Any]], str],
+) -> pathlib.Path:
+    """Writes `<name>.json` (result + `record(command)`) and `<name>.md` (`table(...)` of it).
+
+    Returns:
+      The JSON path.
+    """
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {**result, **record(command)}
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (out / f"{name}.md").write_text(table(result))
+    return path
+
+
+def write_operative_config(out_dir: str | os.PathLike, config: str) -> pathlib.Path:
+    """Writes the operative gin config text (from `gin_utils.operative_config()`) once."""
+    path = pathlib.Path(out_dir) / OPERATIVE_CONFIG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config)
+    return path

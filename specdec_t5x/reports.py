@@ -1,0 +1,301 @@
+"""What the runs write: the eval job's metrics, tables, predictions and plot; the step-cost table.
+
+`evaluation` decodes and times; this module turns its per-example records into what the paper
+reports (Tables 2-4): α (counted, and the Corollary 3.6 β estimate, both from `theory`), the
+Theorem 3.8 prediction (`theory.measured_walltime_improvement`, which also takes a measured
+α = 1), quality metrics,
+the near-tie report of argmax mode, `metrics.json`, `table_row.md`, `predictions.jsonl` and
+`speedup.png`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x import provenance, speculative, theory
+
+STAT_KEYS = [f.name for f in dataclasses.fields(speculative.SpeculativeStats)]
+
+
+@dataclasses.dataclass
+class Run:
+    """Per-example records of one decoder (baseline or speculative at one γ).
+
+    Attributes:
+      seconds: wall seconds per example (a batch's time split evenly over its rows).
+      tokens: int32 [max_decode_len] decoded tokens per example.
+      stats: per-example `speculative.SpeculativeStats` of NumPy scalars (None for the baseline).
+    """
+
+    seconds: list = dataclasses.field(default_factory=list)
+    tokens: list = dataclasses.field(default_factory=list)
+    stats: list = dataclasses.field(default_factory=list)
+
+
+def until_eos(tokens: Sequence[int] | np.ndarray, eos_id: int) -> list[int]:
+    """Tokens up to and including the first EOS (the padding after it dropped)."""
+    tokens = [int(t) for t in tokens]
+    return tokens[: tokens.index(eos_id) + 1] if eos_id in tokens else tokens
+
+
+def decode_text(vocabulary, tokens: np.ndarray, eos_id: int) -> str:
+    """Text of int32 [len] tokens up to EOS (space-separated ids without a vocabulary)."""
+    ids = [t for t in until_eos(tokens, eos_id) if t != eos_id]
+    return vocabulary.decode(ids) if vocabulary is not None else " ".join(map(str, ids))
+
+
+def quality(seqio_task, vocabulary, examples, tokens, eos_id) -> dict[str, float]:
+    """The task's own seqio metrics (BLEU, ROUGE, ...) of decoded tokens against the references."""
+    predictions = [decode_text(vocabulary, t, eos_id) for t in tokens]
+    targets = [e["targets_pretokenized"] for e in examples]
+    scores = {}
+    for metric_fn in seqio_task.metric_fns:
+        scores.update({k: float(v) for k, v in metric_fn(targets, predictions).items()})
+    return scores
+
+
+def near_tie_report(module, target_params, encoder_input_tokens, baseline, speculative_tokens):
+    """Where greedy outputs differ: the first differing position and the target's top-2 gap there.
+
+    Args:
+      module: target network.
+      target_params: its parameters.
+      encoder_input_tokens: int32 [enc_len].
+      baseline: int32 [max_decode_len] baseline greedy tokens.
+      speculative_tokens: int32 [max_decode_len] speculative tokens (differing somewhere).
+
+    Returns:
+      dict with `position`, `baseline_token`, `speculative_token`, `top2_logit_gap` (float, logits
+      units, computed with the teacher-forced full forward on the baseline prefix) and
+      `speculative_is_runner_up`.
+    """
+    diff = np.nonzero(np.asarray(baseline) != np.asarray(speculative_tokens))[0]
+    t = int(diff[0])
+    targets = jnp.asarray(baseline)[None]  # [1, len]
+    dec_in = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))  # shifted right: start token 0
+    logits = module.apply(
+        {"params": target_params},
+        jnp.asarray(encoder_input_tokens)[None],
+        dec_in,
+        jnp.ones_like(targets),
+        enable_dropout=False,
+    )[0, t]  # [vocab]
+    order = np.argsort(np.asarray(logits))
+    top2 = np.asarray(logits)[order[-2:]]
+    return {
+        "position": t,
+        "baseline_token": int(baseline[t]),
+        "speculative_token": int(speculative_tokens[t]),
+        "top2_logit_gap": float(top2[1] - top2[0]),
+        "speculative_is_runner_up": int(order[-2]) == int(speculative_tokens[t]),
+    }
+
+
+def _predicted(alpha: float, gamma: int, c: float, verify_cost_ratio: float) -> dict[str, float]:
+    """Eq. 1 and Theorem 3.8 at a measured α (which may be exactly 1), from `theory`."""
+    predict = functools.partial(theory.measured_walltime_improvement, alpha, gamma)
+    return {
+        "expected_tokens_per_iteration_eq1": float(predict(0.0)),  # c = 0, unit verify: Eq. 1
+        "predicted_speedup_thm38": float(predict(c)),
+        # Thm 3.8 with the measured verify cost instead of the paper's ~1x assumption.
+        "predicted_speedup_measured_verify": float(predict(c, verify_cost_ratio)),
+    }
+
+
+def summarise(runs, gammas, gamma, costs, examples, seqio_task, vocabulary, eos_id, settings):
+    """Metrics of the headline γ and the γ sweep from `Run` records and measured step costs.
+
+    Args:
+      runs: {'baseline': Run, γ: Run for each γ in gammas}.
+      gammas: the γ values run; gamma: the headline one.
+      costs: `benchmark.time_decoder_steps` result ('c', 'verify_cost_ratio', ...).
+      examples, seqio_task, vocabulary, eos_id: for quality metrics.
+      settings: the sampling settings dict, written as is.
+
+    Returns:
+      The metrics dict (headline γ fields at top level, `gamma_sweep` per γ).
+    """
+    base = runs["baseline"]
+    base_s = float(np.sum(base.seconds))
+    base_tokens = int(sum(len(until_eos(t, eos_id)) for t in base.tokens))
+    sweep = {}
+    for g in gammas:
+        run = runs[g]
+        st = {k: np.sum([getattr(s, k) for s in run.stats], axis=0) for k in STAT_KEYS}
+        alpha_beta = float(theory.alpha_from_beta(st["beta_sum"], st["num_beta"]))
+        alpha_counted = float(theory.alpha_counted(st["num_accepted"], st["num_draft_tokens"]))
+        predicted = _predicted(alpha_beta, g, costs["c"], costs["verify_cost_ratio"])
+        spec_s = float(np.sum(run.seconds))
+        sweep[g] = {
+            "speedup": base_s / spec_s,
+            "median_example_speedup": float(
+                np.median(np.asarray(base.seconds) / np.asarray(run.seconds))
+            ),
+            "alpha_counted": alpha_counted,
+            "alpha_beta": alpha_beta,
+            "tokens_per_iteration": float(st["num_generated"] / max(st["num_iterations"], 1)),
+            **predicted,
+            "target_calls": int(st["num_iterations"]),
+            "baseline_target_calls": base_tokens,
+            "speculative_seconds": spec_s,
+            "speculative_tokens_per_s": float(st["num_generated"]) / spec_s,
+            "accept_histogram": [int(x) for x in st["accept_histogram"]],
+            "identical_fraction": float(
+                np.mean(
+                    [np.array_equal(a, b) for a, b in zip(base.tokens, run.tokens, strict=True)]
+                )
+            ),
+            "quality": quality(seqio_task, vocabulary, examples, run.tokens, eos_id),
+        }
+    head = sweep[gamma]
+    return {
+        **{k: head[k] for k in head if k not in ("quality",)},
+        "c_measured": costs["c"],
+        "verify_cost_ratio": costs["verify_cost_ratio"],
+        "step_costs": costs,
+        "measured_over_predicted": head["speedup"] / head["predicted_speedup_thm38"],
+        "baseline_seconds": base_s,
+        "baseline_tokens_per_s": base_tokens / base_s,
+        "quality": {
+            "baseline": quality(seqio_task, vocabulary, examples, base.tokens, eos_id),
+            "speculative": head["quality"],
+        },
+        "gamma_sweep": {str(g): v for g, v in sweep.items()},
+        "sampling": settings,
+    }
+
+
+TABLE_HEADER = (
+    "| Task | M_q | Temp | γ | α | c | verify/step | tokens/iter | Speed | Predicted (Thm 3.8) "
+    "| Predicted (measured verify) | identical |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def table_row(m: dict[str, Any]) -> str:
+    """One markdown row shaped like the paper's Table 2, plus c, the verify cost, tokens per
+    iteration, Thm 3.8 with the measured verify cost (E / (γc + verify)) and identical_fraction
+    (1.0 expected at T = 0; at T > 0 outputs are different samples of the same distribution)."""
+    return (
+        f"| {m['task']} | {m['draft']} | {m['temperature']:g} | {m['gamma']} | "
+        f"{m['alpha_beta']:.2f} | {m['c_measured']:.3f} | {m['verify_cost_ratio']:.2f} | "
+        f"{m['tokens_per_iteration']:.2f} | {m['speedup']:.2f}X | {m['predicted_speedup_thm38']:.2f}X | "
+        f"{m['predicted_speedup_measured_verify']:.2f}X | {m['identical_fraction']:.2f} |"
+    )
+
+
+def results_table(metrics_files: Sequence[str | os.PathLike]) -> str:
+    """Markdown table (Table 2 shape) of several runs' `metrics.json`, in the given order."""
+    rows = [table_row(json.loads(pathlib.Path(f).read_text())) for f in metrics_files]
+    return "\n".join([TABLE_HEADER, *rows])
+
+
+def write_eval_outputs(out_dir, metrics, runs, gammas, gamma, examples, vocabulary, eos_id):
+    """Writes `metrics.json`, `table_row.md`, `predictions.jsonl` and `speedup.png` to out_dir."""
+    out_dir = pathlib.Path(out_dir)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=float) + "\n")
+    (out_dir / "table_row.md").write_text(TABLE_HEADER + "\n" + table_row(metrics) + "\n")
+    with open(out_dir / "predictions.jsonl", "w") as f:
+        base, spec = runs["baseline"], runs[gamma]
+        for i, ex in enumerate(examples):
+            st = {k: np.asarray(getattr(spec.stats[i], k)).tolist() for k in STAT_KEYS}
+            row = {
+                "input": ex["inputs_pretokenized"],
+                "reference": ex["targets_pretokenized"],
+                "baseline": decode_text(vocabulary, base.tokens[i], eos_id),
+                "speculative": decode_text(vocabulary, spec.tokens[i], eos_id),
+                "identical": bool(np.array_equal(base.tokens[i], spec.tokens[i])),
+                "baseline_s": base.seconds[i],
+                "speculative_s": spec.seconds[i],
+                "stats": st,
+            }
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    speedup_plot(out_dir / "speedup.png", metrics, gammas)
+
+
+def speedup_plot(path, metrics, gammas) -> None:
+    """Accept-length histogram and speedup against γ (Thm 3.8, with measured verify, measured)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 3.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 2, 1)
+    hist = metrics["accept_histogram"]
+    ax.bar(range(len(hist)), hist)
+    ax.set_xlabel("drafts accepted per iteration (n_accepted)")
+    ax.set_ylabel("iterations")
+    ax.set_title(f"γ={metrics['gamma']}, α={metrics['alpha_beta']:.2f}")
+    ax = fig.add_subplot(1, 2, 2)
+    grid = [int(g) for g in np.arange(1, max(10, max(gammas)) + 1)]
+    alpha, c, v = metrics["alpha_beta"], metrics["c_measured"], metrics["verify_cost_ratio"]
+    predicted = [_predicted(alpha, g, c, v) for g in grid]
+    ax.plot(grid, [p["predicted_speedup_thm38"] for p in predicted], label="Thm 3.8")
+    ax.plot(
+        grid,
+        [p["predicted_speedup_measured_verify"] for p in predicted],
+        "--",
+        label="with measured verify cost",
+    )
+    sweep = metrics["gamma_sweep"]
+    ax.plot([int(g) for g in sweep], [sweep[g]["speedup"] for g in sweep], "o", label="measured")
+    ax.axhline(1.0, color="grey", lw=0.5)
+    ax.set_xlabel("γ")
+    ax.set_ylabel("walltime speedup")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def step_cost_table(result: dict[str, Any]) -> str:
+    """One-row markdown table of a `benchmark.measure_step_costs` result, plus provenance lines."""
+    target, draft = result.get("target", "target"), result.get("draft", "draft")
+    header = (
+        "| target | draft | dtype | batch | γ | target step ms | draft step ms | verify (γ+1) ms "
+        "| c | verify_cost_ratio |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    row = (
+        f"| {target} ({result['target_params'] / 1e6:.1f}M) "
+        f"| {draft} ({result['draft_params'] / 1e6:.1f}M) | {result['target_config']['dtype']} "
+        f"| {result['batch']} | {result['gamma']} | {result['target_step_ms']:.3f} "
+        f"| {result['draft_step_ms']:.3f} | {result['verify_step_ms']:.3f} | {result['c']:.3f} "
+        f"| {result['verify_cost_ratio']:.3f} |\n"
+    )
+    notes = [
+        f"enc_len {result['enc_len']}, cache length {result['max_len']}, median of "
+        f"{result['repeats']} interleaved rounds after {result['warmup']} warm-up rounds; "
+        "random weights.",
+        *provenance.markdown_lines(result),
+    ]
+    return header + row + "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+
+
+def hf_comparison_table(result: dict[str, Any]) -> str:
+    """Markdown table of a `hf_compare.compare_with_hf` result, plus provenance lines."""
+    n = result["num_examples"]
+    rows = [
+        "| implementation | baseline s | speculative s | speed-up | speculative == greedy |",
+        "|---|---|---|---|---|",
+        f"| HF transformers {result['transformers_version']} (torch {result['torch_version']}) "
+        f"| {result['hf_baseline_s']:.3f} | {result['hf_assisted_s']:.3f} "
+        f"| {result['hf_speedup']:.2f}x | {result['hf_assisted_equals_greedy']}/{n} |",
+        f"| ours (JAX {jax.__version__}) | {result['ours_baseline_s']:.3f} "
+        f"| {result['ours_speculative_s']:.3f} | {result['ours_speedup']:.2f}x "
+        f"| {result['ours_speculative_equals_greedy']}/{n} |",
+    ]
+    notes = [
+        f"greedy, batch 1, γ = {result['gamma']}, {n} examples, "
+        f"{result['num_generated_tokens']} tokens; ours == HF greedy on {result['ours_equals_hf']}/{n}.",
+        *provenance.markdown_lines(result),
+    ]
+    return "\n".join(rows) + "\n\n" + "\n".join(f"- {x}" for x in notes) + "\n"
