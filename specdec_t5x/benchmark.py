@@ -18,14 +18,14 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import models, network, steps
+from specdec_t5x import network, steps
 
 
 @dataclasses.dataclass

@@ -23,6 +23,7 @@ Variants (names used in the table):
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import pathlib
 import time
@@ -33,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, gamma_control
+from specdec_t5x import gamma_control, provenance
 
 
 def _stats_sums(stats_list) -> dict[str, float]:
@@ -135,12 +136,12 @@ def compare(
                 decoder.compile(gamma, batch)  # untimed; no-op once compiled
                 chosen[name].append(gamma)
                 predicted[name].append(prediction)
-                call = lambda d=decoder, g=gamma: d.decode(g, batch, rng)  # noqa: E731
+                call = functools.partial(decoder.decode, gamma, batch, rng)
             elif name == "baseline":
-                call = lambda: runners["token"].decode(0, batch, rng)  # noqa: E731
+                call = functools.partial(runners["token"].decode, 0, batch, rng)
             else:
                 g, verification = fixed[name]
-                call = lambda r=runners[verification], g=g: r.decode(g, batch, rng)  # noqa: E731
+                call = functools.partial(runners[verification].decode, g, batch, rng)
             start = time.perf_counter()
             _, aux = jax.block_until_ready(call())
             seconds[name].append(time.perf_counter() - start)
@@ -222,22 +223,15 @@ def write(output_dir, results: Mapping[str, Mapping[str, Any]], command: str) ->
     """Writes `metrics.json` (all results + provenance) and `table.md`; returns the table."""
     out = pathlib.Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    hw = benchmark.hardware_info()
-    provenance = {
-        "command": command,
-        "commit": benchmark.git_commit(pathlib.Path(__file__).resolve().parents[1]),
-        "hardware": hw,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-    }
+    record = provenance.record(command)
     tables = [markdown(r, name) for name, r in results.items()]
     text = "\n\n".join(tables)
-    load = ", ".join(f"{x:.1f}" for x in hw["load_average"])
     text += (
-        f"\n\n`{command}` at {provenance['commit']}, {provenance['date']}; "
-        f"{hw['cpu_model']} ({hw['nproc']} cores), load average {load}.\n"
+        f"\n\n`{command}` at {record['commit']}, {record['date']}; "
+        f"{provenance.hardware_description(record['hardware'])}.\n"
     )
     (out / "metrics.json").write_text(
-        json.dumps({"results": results, "provenance": provenance}, indent=2, default=float) + "\n"
+        json.dumps({"results": results, "provenance": record}, indent=2, default=float) + "\n"
     )
     (out / "table.md").write_text(text)
     return text

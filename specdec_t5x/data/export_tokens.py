@@ -15,7 +15,6 @@ appended) and writes:
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
@@ -24,6 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from specdec_t5x import provenance
 
 
 def write_tokens(
@@ -108,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> pathlib.Path:
         "num_examples": len(examples),
         "vocabulary": pathlib.Path(vocabulary.sentencepiece_model_file).name,
         "eos_id": int(vocabulary.eos_id),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "date": provenance.utc_date(),
+        "commit": provenance.git_commit(),
         "command": "python -m specdec_t5x.data.export_tokens "
         + " ".join(sys.argv[1:] if argv is None else argv),
     }
