@@ -409,3 +409,43 @@ class AutoGammaDecoder:
         decodes, aux = self.decode(gamma, batch, rng)
         self.update(aux)
         return decodes, {**aux, "gamma": gamma, "predicted_speedup": predicted}
+
+
+def summarise_auto(
+    baseline_seconds, seconds, stats, chosen, predictions, identical=None
+) -> dict[str, Any]:
+    """The eval job's row for an auto-γ run (per-example records, same examples as the baseline).
+
+    Args:
+      baseline_seconds, seconds: per-example wall seconds of the baseline and the auto run.
+      stats: per-example `SpeculativeStats` (NumPy), None where γ = 0 was chosen.
+      chosen: per-example γ chosen (0 = off).
+      predictions: per-example predicted speedup of the choice (None for the γ = 1 probe).
+      identical: optional fraction of examples equal to the baseline's tokens.
+
+    Returns:
+      {'gamma': 'auto', 'gamma_chosen': {γ: count}, 'speedup', 'median_example_speedup',
+      'alpha_beta' (None when every example ran off), 'alpha_display' ('off' or 'α.aa'),
+      'tokens_per_iteration', 'predicted_speedup' (mean over examples with a prediction), ...}.
+    """
+    base, secs = np.asarray(baseline_seconds), np.asarray(seconds)
+    ran = [s for s in stats if s is not None]
+    beta_sum = sum(float(np.sum(s.beta_sum)) for s in ran)
+    num_beta = sum(int(np.sum(s.num_beta)) for s in ran)
+    iterations = sum(int(np.sum(s.num_iterations)) for s in ran)
+    generated = sum(int(np.sum(s.num_generated)) for s in ran)
+    alpha = beta_sum / num_beta if num_beta else None
+    known = [p for p in predictions if p is not None]
+    counts = {str(g): chosen.count(g) for g in sorted(set(chosen))}
+    return {
+        "gamma": "auto",
+        "gamma_chosen": counts,
+        "speedup": float(base.sum() / secs.sum()),
+        "median_example_speedup": float(np.median(base / secs)),
+        "alpha_beta": alpha,
+        "alpha_display": "off" if alpha is None else f"{alpha:.2f}",
+        "tokens_per_iteration": generated / iterations if iterations else None,
+        "predicted_speedup": float(np.mean(known)) if known else None,
+        "identical_fraction": identical,
+        "speculative_seconds": float(secs.sum()),
+    }

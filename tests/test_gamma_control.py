@@ -100,3 +100,22 @@ def test_auto_decoder_in_argmax_mode_equals_greedy_whatever_gamma(pair):
         assert ("stats" in aux) == (forced > 0)
     gamma, predicted = decoder.choose(batch)
     assert 0 <= gamma <= 2 and predicted is not None
+
+
+def test_summarise_auto_reports_off_and_the_choices():
+    off = gamma_control.summarise_auto([1.0, 2.0], [1.0, 1.0], [None, None], [0, 0], [1.0, 1.0])
+    assert off["alpha_display"] == "off" and off["alpha_beta"] is None
+    assert off["gamma_chosen"] == {"0": 2} and off["speedup"] == pytest.approx(1.5)
+    stats = speculative.SpeculativeStats(
+        num_iterations=np.array([4]),
+        num_draft_tokens=np.array([6]),
+        num_accepted=np.array([3]),
+        accept_histogram=np.array([[1, 2, 1]]),
+        beta_sum=np.array([3.0]),
+        num_beta=np.array([6]),
+        num_generated=np.array([10]),
+        num_proposed=np.array([8]),
+    )
+    on = gamma_control.summarise_auto([1.0, 1.0], [0.5, 1.0], [stats, None], [2, 0], [None, 1.0])
+    assert on["alpha_display"] == "0.50" and on["tokens_per_iteration"] == 2.5
+    assert on["gamma_chosen"] == {"0": 1, "2": 1} and on["predicted_speedup"] == 1.0
