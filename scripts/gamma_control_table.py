@@ -6,7 +6,8 @@ One command, re-runnable with new models (the experiment gin files pick them):
       [--exit_threshold=0.5] [--out=results/gamma_control] \
       [--gin_file=gin/experiments/embedded_ende_model_t0.gin ...] [--gin.KEY=VALUE ...]
 
-Default experiments: the embedded En→De model pair at T = 0 and T = 1. Writes `metrics.json` and
+Default experiments: the embedded En→De model pair at T = 0 and T = 1, and the summarization pair
+(embedded_sum_*) when its weights are in `specdec_t5x/assets/models/`. Writes `metrics.json` and
 `table.md` (with command, commit, hardware, load, date) to `--out`. See `specdec_t5x.gamma_table`.
 """
 
@@ -17,12 +18,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import gin  # noqa: E402
 
-from specdec_t5x import evaluation, gamma_table, gin_utils  # noqa: E402
+from specdec_t5x import embedded, evaluation, gamma_table, gin_utils  # noqa: E402
 
 DEFAULT_EXPERIMENTS = [
     "gin/experiments/embedded_ende_model_t0.gin",
     "gin/experiments/embedded_ende_model_t1.gin",
 ]
+SUMMARIZATION = [
+    "gin/experiments/embedded_sum_model_t0.gin",
+    "gin/experiments/embedded_sum_model_t1.gin",
+]
+if all(embedded.params_path(n).is_file() for n in ("embedded_sum_target", "embedded_sum_draft")):
+    DEFAULT_EXPERIMENTS += SUMMARIZATION  # both tasks once the summarization pair is trained
 BUILD = ["spec/gin_utils.build.obj = %SPEC_MODEL", "params/gin_utils.build.obj = %TARGET_PARAMS"]
 
 
