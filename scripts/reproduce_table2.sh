@@ -11,7 +11,7 @@ for t in 0 1; do
   .venv/bin/python -m specdec_t5x.eval \
     --gin_file=gin/experiments/embedded_ende_model_t$t.gin \
     --gin.NUM_EXAMPLES=$NUM_EXAMPLES \
-    --gin.GAMMAS="[1, 2, 3, 5, 7]" \
+    --gin.GAMMAS="[1, 2, 3, 5, 7, 'auto']" \
     --gin.EVAL_OUTPUT_DIR="'$OUT/embedded_ende_model_t$t'"
 done
 .venv/bin/python scripts/summarize_results.py "$OUT"/embedded_ende_model_t0 "$OUT"/embedded_ende_model_t1 --out "$OUT/table.md"

@@ -148,10 +148,51 @@ def _speculative_fn(spec_model, decoder_params: dict[str, Any]):
 
     def predict(target_params, draft_params, batch, rng):
         return spec_model.predict_batch_with_aux(
-            target_params, batch, rng, decoder_params=decoder_params, draft_params=draft_params
+            target_params,
+            batch,
+            rng,
+            decoder_params=decoder_params,
+            draft_params=draft_params,
         )
 
     return jax.jit(predict)
+
+
+def _add_auto_row(metrics, runs, choices, headline, quality_args) -> None:
+    """Adds the auto-γ row as `metrics['auto']`; an auto headline also replaces the top level.
+
+    The row (`gamma_control.summarise_auto`) has the γ chosen per example (0 = off), the mean
+    prediction of those choices, the measured speed, and the best fixed γ of the same run's sweep.
+    """
+    base, run = runs["baseline"], runs["auto"]
+    row = gamma_control.summarise_auto(
+        base.seconds,
+        run.seconds,
+        run.stats,
+        [g for g, _ in choices],
+        [p for _, p in choices],
+        identical=float(
+            np.mean([np.array_equal(a, b) for a, b in zip(base.tokens, run.tokens, strict=True)])
+        ),
+    )
+    sweep = metrics["gamma_sweep"]
+    best = max(sweep, key=lambda g: sweep[g]["speedup"])
+    row.update(
+        best_fixed_gamma=int(best),
+        best_fixed_speedup=sweep[best]["speedup"],
+        auto_over_best_fixed=row["speedup"] / sweep[best]["speedup"],
+    )
+    metrics["auto"] = row
+    if headline:
+        for key in sweep[best]:
+            metrics.pop(key, None)  # the placeholder headline's fields
+        metrics.update(row)
+        predicted = row["predicted_speedup"]
+        metrics["measured_over_predicted"] = row["speedup"] / predicted if predicted else None
+        seqio_task, vocabulary, examples, eos_id = quality_args
+        metrics["quality"]["speculative"] = reports.quality(
+            seqio_task, vocabulary, examples, run.tokens, eos_id
+        )
 
 
 class _CompileCounter:
@@ -180,11 +221,12 @@ def evaluate(
     batch_size: int = 1,
     input_len: int = 64,
     target_len: int = 64,
-    gammas: Sequence[int] | None = None,
+    gammas: Sequence[int | str] | None = None,
     draft_name: str = "draft",
     draft_params=None,
     seed: int = 0,
     cost_repeats: int = 30,
+    auto_gamma_max: int = 6,
     command: str | None = None,
 ) -> dict[str, Any]:
     """Runs baseline and speculative decoding side by side and writes the results directory.
@@ -195,17 +237,22 @@ def evaluate(
       task: registered seqio task name (e.g. 'ddtp_ende', 'wmt_t2t_ende_v003').
       output_dir: where `metrics.json`, `predictions.jsonl`, `table_row.md` and the plot go
         (created; the entry point adds the operative gin config).
-      gamma: γ of the headline row.
+      gamma: γ of the headline row: an int >= 1, or 'auto' (`gamma_control.AutoGammaDecoder`:
+        γ in 0..auto_gamma_max chosen before each call from the measured cost curve and the
+        running α; 0 = the baseline alone). An auto headline without fixed `gammas` sweeps
+        1..auto_gamma_max too, so the best fixed γ in hindsight is in the same run.
       temperature, topk, topp: sampling settings, passed explicitly to both decoders.
       split: task split.
       num_examples: examples decoded (the first ones of the split, unshuffled).
       batch_size: examples per decode call (the paper: 1).
       input_len, target_len: encoder length (inputs padded to it) and max_decode_len.
-      gammas: optional extra γ values for the speedup-vs-γ sweep (each timed the same way).
+      gammas: optional extra γ values for the speedup-vs-γ sweep (each timed the same way);
+        'auto' adds an auto-γ row (`metrics['auto']`) beside the fixed ones.
       draft_name: label of the draft in tables.
       draft_params: draft parameters (default `spec_model.draft.params`).
       seed: sampling seed (example i uses `fold_in(PRNGKey(seed), i)` for both decoders).
-      cost_repeats: repeats of the step-cost measurement.
+      cost_repeats: repeats of the step-cost measurement (and of the auto row's cost curve).
+      auto_gamma_max: largest γ the auto row considers.
       command: the command line written with the results (default: `sys.argv`).
 
     Returns:
@@ -215,7 +262,14 @@ def evaluate(
       ValueError: bad γ / sampling settings (from the samplers) or an empty split.
     """
     sampling.validate(temperature, topk, topp)
-    gammas = sorted({int(gamma), *(int(g) for g in (gammas or ()))})
+    requested = [gamma, *(gammas or ())]
+    bad = [g for g in requested if g != "auto" and (isinstance(g, bool) or not isinstance(g, int))]
+    if bad:
+        raise ValueError(f"gamma and gammas take ints >= 1 or 'auto'; got {bad}.")
+    auto = "auto" in requested
+    gammas = sorted({g for g in requested if g != "auto"})
+    if gamma == "auto" and not gammas:
+        gammas = list(range(1, auto_gamma_max + 1))  # the best fixed γ in hindsight, same run
     draft_params = spec_model.draft.params if draft_params is None else draft_params
     out_dir = pathlib.Path(output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -231,6 +285,16 @@ def evaluate(
         lambda tp, b, rng: baseline.predict_batch_with_aux(tp, b, rng, decoder_params=settings)[0]
     )
     spec_fns = {g: _speculative_fn(spec_model, {**settings, "gamma": g}) for g in gammas}
+    auto_decoder = None
+    if auto:
+        auto_decoder = gamma_control.AutoGammaDecoder(
+            spec_model,
+            target_params,
+            draft_params,
+            settings=settings,
+            gamma_max=auto_gamma_max,
+            cost_repeats=cost_repeats,
+        )
     batches = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
@@ -252,24 +316,42 @@ def evaluate(
     jax.block_until_ready(base_fn(target_params, batches[0][1], rng0))
     for fn in spec_fns.values():
         jax.block_until_ready(fn(target_params, draft_params, batches[0][1], rng0))
+    if auto_decoder is not None:  # measures the cost curve (untimed)
+        auto_decoder.compile(auto_decoder.choose(batches[0][1])[0], batches[0][1])
+    choices = []  # auto row: (γ chosen, its predicted speedup) per example
 
-    runs = {"baseline": reports.Run(), **{g: reports.Run() for g in gammas}}
+    keys = ["baseline", *gammas, *(["auto"] if auto else [])]
+    runs = {key: reports.Run() for key in keys}
     compiles = _CompileCounter()
     jax.monitoring.register_event_duration_secs_listener(compiles)
     for i, (n, batch) in enumerate(
         tqdm.tqdm(batches, desc=f"{task} T={temperature}", unit="batch")
     ):
         rng = jax.random.fold_in(rng0, i)
-        order = ["baseline", *gammas]
+        order = list(keys)
         if i % 2:
             order.reverse()  # alternate who goes first
         for key in order:
             if key == "baseline":
                 tokens, seconds = _timed(base_fn, target_params, batch, rng, compiles=compiles)
                 stats = None
+            elif key == "auto":
+                g, predicted = auto_decoder.choose(batch)
+                auto_decoder.compile(g, batch)  # untimed; a no-op once this γ is compiled
+                (tokens, aux), seconds = _timed(
+                    auto_decoder.decode, g, batch, rng, compiles=compiles
+                )
+                auto_decoder.update(aux)
+                choices += [(g, predicted)] * n
+                stats = jax.tree_util.tree_map(np.asarray, aux.get("stats"))
             else:
                 (tokens, aux), seconds = _timed(
-                    spec_fns[key], target_params, draft_params, batch, rng, compiles=compiles
+                    spec_fns[key],
+                    target_params,
+                    draft_params,
+                    batch,
+                    rng,
+                    compiles=compiles,
                 )
                 stats = jax.tree_util.tree_map(np.asarray, aux["stats"])
             run, tokens = runs[key], np.asarray(tokens)
@@ -286,12 +368,24 @@ def evaluate(
         draft_params,
         batches[0][1]["encoder_input_tokens"],
         target_len,
-        gamma,
+        max(gammas) if gamma == "auto" else gamma,
         repeats=cost_repeats,
     )
+    headline = gammas[0] if gamma == "auto" else gamma
     metrics = reports.summarise(
-        runs, gammas, gamma, costs, examples, seqio_task, vocabulary, eos_id, settings
+        runs,
+        gammas,
+        headline,
+        costs,
+        examples,
+        seqio_task,
+        vocabulary,
+        eos_id,
+        settings,
     )
+    if auto:
+        quality_args = (seqio_task, vocabulary, examples, eos_id)
+        _add_auto_row(metrics, runs, choices, gamma == "auto", quality_args)
     near_ties = []
     if sampling.is_greedy(temperature):
         for idx, (b, s) in enumerate(zip(runs["baseline"].tokens, runs[gamma].tokens, strict=True)):

@@ -185,13 +185,38 @@ TABLE_HEADER = (
 def table_row(m: dict[str, Any]) -> str:
     """One markdown row shaped like the paper's Table 2, plus c, the verify cost, tokens per
     iteration, Thm 3.8 with the measured verify cost (E / (γc + verify)) and identical_fraction
-    (1.0 expected at T = 0; at T > 0 outputs are different samples of the same distribution)."""
+    (1.0 expected at T = 0; at T > 0 outputs are different samples of the same distribution).
+
+    An auto-γ row (`m['gamma'] == 'auto'`) shows the γ chosen per example (off = the baseline
+    alone), α or "off" when no example ran speculatively, and its prediction from the measured
+    cost curve (`gamma_control`) in the measured-verify column."""
+    if m["gamma"] == "auto":
+        return _auto_row(m)
     return (
         f"| {m['task']} | {m['draft']} | {m['temperature']:g} | {m['gamma']} | "
         f"{m['alpha_beta']:.2f} | {m['c_measured']:.3f} | {m['verify_cost_ratio']:.2f} | "
         f"{m['tokens_per_iteration']:.2f} | {m['speedup']:.2f}X | {m['predicted_speedup_thm38']:.2f}X | "
         f"{m['predicted_speedup_measured_verify']:.2f}X | {m['identical_fraction']:.2f} |"
     )
+
+
+def _auto_row(m: dict[str, Any]) -> str:
+    chosen = ", ".join(f"{'off' if g == '0' else g}×{n}" for g, n in m["gamma_chosen"].items())
+    fmt = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
+    return (
+        f"| {m['task']} | {m['draft']} | {m['temperature']:g} | auto ({chosen}) | "
+        f"{m['alpha_display']} | {m['c_measured']:.3f} | {m['verify_cost_ratio']:.2f} | "
+        f"{fmt(m['tokens_per_iteration'])} | {m['speedup']:.2f}X | – | "
+        f"{fmt(m['predicted_speedup'])}X | {fmt(m['identical_fraction'])} |"
+    )
+
+
+def auto_table_row(m: dict[str, Any]) -> str | None:
+    """The auto-γ row of a run whose sweep included 'auto' (None otherwise)."""
+    if "auto" not in m or m["gamma"] == "auto":
+        return None
+    keys = ("task", "draft", "temperature", "c_measured", "verify_cost_ratio")
+    return _auto_row({**m["auto"], **{k: m[k] for k in keys}})
 
 
 def results_table(metrics_files: Sequence[str | os.PathLike]) -> str:
@@ -204,11 +229,17 @@ def write_eval_outputs(out_dir, metrics, runs, gammas, gamma, examples, vocabula
     """Writes `metrics.json`, `table_row.md`, `predictions.jsonl` and `speedup.png` to out_dir."""
     out_dir = pathlib.Path(out_dir)
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=float) + "\n")
-    (out_dir / "table_row.md").write_text(TABLE_HEADER + "\n" + table_row(metrics) + "\n")
+    rows = [table_row(metrics), auto_table_row(metrics)]
+    (out_dir / "table_row.md").write_text("\n".join([TABLE_HEADER, *(r for r in rows if r)]) + "\n")
     with open(out_dir / "predictions.jsonl", "w") as f:
         base, spec = runs["baseline"], runs[gamma]
         for i, ex in enumerate(examples):
-            st = {k: np.asarray(getattr(spec.stats[i], k)).tolist() for k in STAT_KEYS}
+            stats = spec.stats[i]  # None where an auto run chose γ = 0 (the baseline)
+            st = (
+                None
+                if stats is None
+                else {k: np.asarray(getattr(stats, k)).tolist() for k in STAT_KEYS}
+            )
             row = {
                 "input": ex["inputs_pretokenized"],
                 "reference": ex["targets_pretokenized"],
@@ -220,7 +251,8 @@ def write_eval_outputs(out_dir, metrics, runs, gammas, gamma, examples, vocabula
                 "stats": st,
             }
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    speedup_plot(out_dir / "speedup.png", metrics, gammas)
+    if metrics["gamma"] != "auto":  # the plot shows one fixed γ's histogram
+        speedup_plot(out_dir / "speedup.png", metrics, gammas)
 
 
 def speedup_plot(path, metrics, gammas) -> None:
@@ -238,7 +270,11 @@ def speedup_plot(path, metrics, gammas) -> None:
     ax.set_title(f"γ={metrics['gamma']}, α={metrics['alpha_beta']:.2f}")
     ax = fig.add_subplot(1, 2, 2)
     grid = [int(g) for g in np.arange(1, max(10, max(gammas)) + 1)]
-    alpha, c, v = metrics["alpha_beta"], metrics["c_measured"], metrics["verify_cost_ratio"]
+    alpha, c, v = (
+        metrics["alpha_beta"],
+        metrics["c_measured"],
+        metrics["verify_cost_ratio"],
+    )
     predicted = [_predicted(alpha, g, c, v) for g in grid]
     ax.plot(grid, [p["predicted_speedup_thm38"] for p in predicted], label="Thm 3.8")
     ax.plot(
@@ -248,7 +284,12 @@ def speedup_plot(path, metrics, gammas) -> None:
         label="with measured verify cost",
     )
     sweep = metrics["gamma_sweep"]
-    ax.plot([int(g) for g in sweep], [sweep[g]["speedup"] for g in sweep], "o", label="measured")
+    ax.plot(
+        [int(g) for g in sweep],
+        [sweep[g]["speedup"] for g in sweep],
+        "o",
+        label="measured",
+    )
     ax.axhline(1.0, color="grey", lw=0.5)
     ax.set_xlabel("γ")
     ax.set_ylabel("walltime speedup")

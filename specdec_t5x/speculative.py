@@ -151,7 +151,12 @@ def speculative_sample(
         the vocabulary, inputs not 2-D, or max_decode_steps outside [0, max_decode_len].
     """
     if not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma must be an int >= 1; got gamma={gamma!r}.")
+        hint = (
+            " (γ = 'auto' is chosen outside jit: gamma_control.AutoGammaDecoder, or the eval job)"
+            if gamma == "auto"
+            else ""
+        )
+        raise ValueError(f"gamma must be an int >= 1; got gamma={gamma!r}{hint}.")
     if verification not in verify.VERIFICATIONS:
         raise ValueError(
             f"verification must be one of {verify.VERIFICATIONS}; got verification={verification!r}."

@@ -64,6 +64,36 @@ def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, 
     assert "| ddtp_ende | perturbed-tiny |" in (out / "table_row.md").read_text()
 
 
+def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path):
+    spec_model, params = tiny_pair
+    out = tmp_path / "out"
+    metrics = evaluation.evaluate(
+        spec_model,
+        params,
+        "ddtp_ende",
+        str(out),
+        gamma=1,
+        gammas=["auto"],
+        temperature=0.0,
+        num_examples=2,
+        input_len=32,
+        target_len=12,
+        cost_repeats=2,
+        auto_gamma_max=2,
+    )
+    auto = metrics["auto"]
+    assert sum(auto["gamma_chosen"].values()) == 2 and auto["gamma_chosen"].get("1", 0) >= 1
+    assert auto["best_fixed_gamma"] == 1 and auto["speedup"] > 0
+    assert metrics["compilations_during_timing"] == 0  # each γ compiled before its timed call
+    rows = (out / "table_row.md").read_text().splitlines()
+    assert len(rows) == 4 and "| auto (" in rows[3]
+    # An auto headline that never ran speculatively says "off" instead of an α.
+    off = {**metrics, **auto, "gamma": "auto", "gamma_chosen": {"0": 2}, "alpha_display": "off"}
+    assert "| auto (off×2) | off |" in reports.table_row(off)
+    with pytest.raises(ValueError, match="'auto'"):
+        evaluation.evaluate(spec_model, params, "ddtp_ende", str(out), gamma="5", temperature=0.0)
+
+
 def test_near_tie_report_names_position_and_gap(tiny_pair):
     spec_model, params = tiny_pair
     enc = jnp.asarray([5, 6, 7, 1] + [0] * 4, jnp.int32)
