@@ -133,7 +133,8 @@ def temperature_sample(
       eos_id: end-of-sequence id (1 for T5). EOS inside a forced prompt does not end a row.
       decode_rng: PRNG key; None means `jax.random.PRNGKey(0)`.
       num_decodes: independent samples per example; rows are repeat-interleaved.
-      temperature: float, or float32 [batch]; below `MIN_TEMPERATURE` (1e-4) decodes greedily.
+      temperature: float, or float32 [batch] (one per example, as in T5X: each row is then
+        sampled on its own with the same key); at or below `MIN_TEMPERATURE` (1e-4) decodes greedily.
       topk: keep the k most likely tokens (ties kept). **Defaults to 1 as in T5X, i.e. greedy even
         at temperature 1**; 0 switches the filter off.
       topp: nucleus mass in [0, 1]; 0 switches it off.
@@ -201,29 +202,39 @@ def temperature_sample(
 
 
 def _next_token_and_log_prob(rng, logits, temperature, topk, topp, rescale_log_probs):
-    """Samples int32 [B'] tokens and their float32 [B'] log-probs (see `temperature_sample`)."""
-    raw_log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    greedy_token = sampling.argmax(logits)
+    """Samples int32 [B'] tokens and their float32 [B'] log-probs (see `temperature_sample`).
+
+    A static or scalar temperature samples the whole [B', vocab] batch with one key. A per-row
+    temperature array samples row by row, each row as a [1, vocab] batch with the *same* key (T5X
+    maps its sampler over rows with `vmap`), so the tokens are T5X's bit for bit.
+    """
     if isinstance(temperature, int | float) and sampling.is_greedy(temperature):
-        token = greedy_token
-        adjusted_log_probs = None
-        greedy_rows = jnp.ones(logits.shape[:1], bool)
-    else:
-        temp = jnp.asarray(temperature, jnp.float32)
-        temp_rows = jnp.broadcast_to(temp, logits.shape[:1])  # [B']
-        adjusted = sampling.adjust_logits(logits, temp_rows[:, None], topk, topp)
-        sampled = jax.random.categorical(rng, adjusted, axis=-1).astype(jnp.int32)
-        greedy_rows = temp_rows < MIN_TEMPERATURE
-        token = jnp.where(greedy_rows, greedy_token, sampled)
-        adjusted_log_probs = jax.nn.log_softmax(adjusted, axis=-1)
+        token = sampling.argmax(logits)
+        if rescale_log_probs:
+            return token, jnp.zeros(logits.shape[:1], jnp.float32)
+        return token, _pick(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), token)
+    if jnp.ndim(temperature) == 1:
+        token, log_prob = jax.vmap(
+            lambda row, t: _sample_rows(rng, row[None], t, topk, topp, rescale_log_probs)
+        )(logits, jnp.asarray(temperature, jnp.float32))
+        return token[:, 0], log_prob[:, 0]  # [B', 1] -> [B']
+    return _sample_rows(rng, logits, temperature, topk, topp, rescale_log_probs)
+
+
+def _pick(log_probs: Array, token: Array) -> Array:
+    return jnp.take_along_axis(log_probs, token[..., None], axis=-1)[..., 0]
+
+
+def _sample_rows(rng, logits, temperature, topk, topp, rescale_log_probs):
+    """int32 [rows] tokens and float32 [rows] log-probs for one (scalar) temperature."""
+    adjusted = sampling.adjust_logits(logits, temperature, topk, topp)
+    sampled = jax.random.categorical(rng, adjusted, axis=-1).astype(jnp.int32)
+    greedy = sampling.greedy_rows(temperature)
+    token = jnp.where(greedy, sampling.argmax(logits), sampled)
     if rescale_log_probs:
-        if adjusted_log_probs is None:
-            log_prob = jnp.zeros(logits.shape[:1], jnp.float32)
-        else:
-            picked = jnp.take_along_axis(adjusted_log_probs, token[:, None], axis=-1)[:, 0]
-            log_prob = jnp.where(greedy_rows, 0.0, picked)
+        log_prob = jnp.where(greedy, 0.0, _pick(jax.nn.log_softmax(adjusted, axis=-1), token))
     else:
-        log_prob = jnp.take_along_axis(raw_log_probs, token[:, None], axis=-1)[:, 0]
+        log_prob = _pick(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), token)
     return token, log_prob
 
 

@@ -5,13 +5,18 @@ decoding is exact for the adjusted distributions only if target (p) and draft (q
 same way. This module is that one place, shared by the baseline (`decoding.temperature_sample`) and the
 speculative sampler (`speculative.speculative_sample`).
 
-Semantics follow T5X's `temperature_sample`:
+Semantics follow T5X's `temperature_sample` and `t5x/binary_search.py`, decision for decision:
 
-* temperature below `MIN_TEMPERATURE` means argmax (greedy); top-k / top-p are then ignored.
+* temperature at or below `MIN_TEMPERATURE` (compared in float32, as T5X does: it samples only when
+  T > 1e-4) means argmax (greedy); top-k / top-p are then ignored.
 * top-k keeps every token whose logit is >= the k-th largest (ties at the threshold are all kept,
-  so more than k tokens can survive, as in T5X).
-* top-p keeps the smallest set of most-probable tokens whose mass is >= p; tokens tied with the
-  least probable kept token are kept too.
+  so more than k tokens can survive, as in T5X); k >= vocab keeps everything.
+* top-p keeps every token whose probability is >= the largest threshold t whose kept mass (the
+  float32 masked sum of the probabilities >= t) is >= p. That is the smallest most-probable set with
+  mass >= p, ties with its least probable member included, where "mass" is that float32 sum (not a
+  cumulative sum, whose rounding differs at exact boundaries). One deliberate difference: if even the
+  whole vocabulary's float32 mass is below p (p within rounding of 1), T5X masks every token (its
+  threshold search ends on NaN) and then samples uniformly; we keep every token.
 * removed tokens get the logit `NEG_INF` (finite, so no NaN can arise from all-masked rows).
 """
 
@@ -19,10 +24,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
-MIN_TEMPERATURE = 1e-4  # T5X's threshold: temperatures below it decode greedily.
+MIN_TEMPERATURE = 1e-4  # T5X's threshold: temperatures at or below it decode greedily.
 NEG_INF = -1e10  # Logit of a removed token (exp underflows to exactly 0 in float32).
 
 
@@ -48,8 +54,13 @@ def validate(temperature: float, topk: int, topp: float) -> None:
 
 
 def is_greedy(temperature: float) -> bool:
-    """True when a static temperature selects argmax decoding (below `MIN_TEMPERATURE`)."""
-    return float(temperature) < MIN_TEMPERATURE
+    """True when a static temperature selects argmax decoding (float32 T <= `MIN_TEMPERATURE`)."""
+    return bool(np.float32(temperature) <= np.float32(MIN_TEMPERATURE))
+
+
+def greedy_rows(temperature: Array) -> Array:
+    """bool [...]: rows whose (traced) temperature selects argmax, decided as `is_greedy`."""
+    return jnp.asarray(temperature, jnp.float32) <= jnp.float32(MIN_TEMPERATURE)
 
 
 def topk_mask(logits: Array, topk: int) -> Array:
@@ -57,23 +68,28 @@ def topk_mask(logits: Array, topk: int) -> Array:
 
     Args:
       logits: float32 [..., vocab].
-      topk: k >= 1 (0 returns `logits` unchanged).
+      topk: k >= 1 (0 returns `logits` unchanged; k >= vocab keeps every token).
 
     Returns:
       float32 [..., vocab].
     """
     if not topk:
         return logits
-    kth = jax.lax.top_k(logits, topk)[0][..., -1:]  # [..., 1]
+    kth = jax.lax.top_k(logits, min(topk, logits.shape[-1]))[0][..., -1:]  # [..., 1]
     return jnp.where(logits >= kth, logits, NEG_INF)
 
 
 def topp_mask(logits: Array, topp: float) -> Array:
-    """Nucleus filter: keeps the smallest most-probable set with mass >= topp (ties kept).
+    """Nucleus filter: keeps every token at least as probable as the threshold T5X would pick.
+
+    The threshold is the largest row probability v whose kept mass, the float32 sum of the
+    probabilities >= v, is >= `topp` (T5X's `binary_search.topp_mask` decides the same set by a
+    search over all float32 thresholds; kept masses only change at row probabilities, so searching
+    those, by bisection over the sorted row, gives the same decisions in ceil(log2(vocab)) sums).
 
     Args:
       logits: float32 [..., vocab] (already temperature-scaled).
-      topp: mass in (0, 1] (0 or 1 return `logits` unchanged).
+      topp: mass in (0, 1] (0 or >= 1 return `logits` unchanged).
 
     Returns:
       float32 [..., vocab].
@@ -81,11 +97,24 @@ def topp_mask(logits: Array, topp: float) -> Array:
     if not topp or topp >= 1.0:
         return logits
     probs = jax.nn.softmax(logits, axis=-1)
-    sorted_probs = jnp.sort(probs, axis=-1)[..., ::-1]  # descending
-    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs  # exclusive cumsum
-    kept_sorted = mass_before < topp  # the first entry always kept (0 < topp)
-    # Least probable kept probability; keep every token at least that probable (ties included).
-    threshold = jnp.min(jnp.where(kept_sorted, sorted_probs, jnp.inf), axis=-1, keepdims=True)
+    vocab = probs.shape[-1]
+    descending = -jnp.sort(-probs, axis=-1)  # [..., vocab]
+
+    def kept_mass(threshold):  # [..., 1] -> [..., 1]
+        return jnp.sum(jnp.where(probs >= threshold, probs, 0.0), axis=-1, keepdims=True)
+
+    def bisect(_, bounds):
+        # Invariant: the answer (first sorted index whose kept mass is >= topp) is in [lo, hi].
+        lo, hi = bounds
+        mid = (lo + hi) // 2
+        enough = kept_mass(jnp.take_along_axis(descending, mid, axis=-1)) >= topp
+        return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
+
+    lo = jnp.zeros(probs.shape[:-1] + (1,), jnp.int32)
+    hi = jnp.full_like(lo, vocab - 1)  # the last index keeps everything
+    steps = max(1, int(np.ceil(np.log2(vocab))))
+    lo, _ = jax.lax.fori_loop(0, steps, bisect, (lo, hi))
+    threshold = jnp.take_along_axis(descending, lo, axis=-1)  # [..., 1]
     return jnp.where(probs >= threshold, logits, NEG_INF)
 
 

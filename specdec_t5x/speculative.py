@@ -129,8 +129,9 @@ def speculative_sample(
       eos_id: end-of-sequence id.
       gamma: draft tokens per iteration (γ >= 1).
       decode_rng: PRNG key (None: `PRNGKey(0)`); unused in argmax mode.
-      temperature: static float; below `sampling.MIN_TEMPERATURE` is argmax mode (output tokens
-        identical to greedy `decoding.temperature_sample` with the target alone).
+      temperature: static float (per-row arrays are refused); at or below
+        `sampling.MIN_TEMPERATURE` is argmax mode (output tokens identical to greedy
+        `decoding.temperature_sample` with the target alone).
       topk: top-k filter applied to both p and q (0 = off).
       topp: nucleus filter applied to both p and q (0 = off).
       max_decode_steps: optional limit on generated tokens per row (prompt excluded), as T5X.
@@ -169,7 +170,10 @@ def speculative_sample(
             f"draft_confidence_threshold={threshold!r}."
         )
     if not isinstance(temperature, int | float):
-        raise ValueError(f"temperature must be a static Python number; got {type(temperature)}.")
+        raise ValueError(
+            f"temperature must be a static Python number; got {type(temperature)} (per-row "
+            "temperature arrays are supported by decoding.temperature_sample only)."
+        )
     sampling.validate(temperature, topk, topp)
     if inputs.ndim != 2:
         raise ValueError(f"inputs must be int32 [batch, max_decode_len]; got shape {inputs.shape}.")
