@@ -13,7 +13,15 @@ What differs from T5X, on purpose, in `decode=True` mode (speculative decoding n
   and a query at position t attends to cache slots <= t only. Rolling back is calling again at an
   earlier position: stale slots are never read before they are overwritten.
 * Cross-attention keys/values of the encoder output are projected once, when the cache is created, and
-  read from the cache afterwards (T5X re-projects them at every step).
+  read from the cache afterwards when a step passes `encoded=None` (T5X passes the encoder output and
+  re-projects it at every step; given it, we do the same).
+* T5X's own convention still works unchanged: a cached call without `decoder_positions` feeds its
+  block at the cache's scalar `cache_index` and advances it, so T5X's `EncoderDecoderModel` (its
+  `_compute_kv_cache` / `_compute_logits_from_slice`) decodes with this network as it is.
+
+Numerics follow T5X's dtypes step by step (activations in `dtype`, parameters float32, layer norm
+statistics in float32, attention logits/bias/softmax in `dtype` unless `float32_attention_logits`),
+so in bfloat16 too the logits are T5X's bit for bit (on the same backend and kernels).
 
 Cache layout per decoder layer (collection ``'cache'``)::
 
@@ -21,8 +29,10 @@ Cache layout per decoder layer (collection ``'cache'``)::
   decoder/layers_{i}/self_attention/cached_value         dtype [batch, max_len, heads, head_dim]
   decoder/layers_{i}/encoder_decoder_attention/cached_key    dtype [batch, enc_len, heads, head_dim]
   decoder/layers_{i}/encoder_decoder_attention/cached_value  dtype [batch, enc_len, heads, head_dim]
+  decoder/cache_index                                     int32 [] (T5X-convention calls only)
 
-Every cache leaf carries the batch axis first, so T5X-style `num_decodes` expansion works unchanged.
+Every other cache leaf carries the batch axis first, so T5X-style `num_decodes` expansion (which
+skips leaves named `cache_index`) works unchanged.
 The cache is created like T5X's: one `decode=True` apply with `mutable=['cache']` whose decoder inputs
 have the full `[batch, max_decode_len]` shape (see `models.init_cache`).
 """
@@ -68,12 +78,16 @@ class T5Config:
       dropout_rate: dropout probability (only active with `enable_dropout=True`).
       logits_via_embedding: tie the logits layer to the embedding (T5 1.0) instead of
         `decoder/logits_dense` (v1.1).
-      float32_attention_logits: compute q.k in float32 (softmax is float32 regardless).
+      float32_attention_logits: compute q.k, the attention bias and the softmax in float32
+        (T5X's field and default, False: all three in `dtype`).
       layer_norm_epsilon: ε of every RMSNorm (T5X's `LayerNorm.epsilon`, 1e-6); `widen.widen`
         scales it by d_old / d_new to keep a widened network's function.
       scan_layers: stack the layers of each stack under one `layers` module run by `nn.scan`
         (parameters and caches gain a leading layer axis; `widen.stack_layers` maps a
         `layers_{i}` tree to it). Compiles one layer instead of all of them.
+      float32_final_logits: not in T5X (default False = T5X's numerics). True runs the final
+        `decoder_norm` in float32, so the logits projection (float32 in both cases) sees an
+        unrounded input; an option to reduce bf16 near-tie flips between call shapes.
     """
 
     vocab_size: int
@@ -90,6 +104,7 @@ class T5Config:
     float32_attention_logits: bool = False
     layer_norm_epsilon: float = 1e-6
     scan_layers: bool = False
+    float32_final_logits: bool = False
 
     def __post_init__(self):
         """Raises ValueError naming a bad field (e.g. a gin macro left as %gin.REQUIRED)."""
@@ -185,7 +200,11 @@ class RelativePositionBiases(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """T5 RMSNorm in float32: x * rsqrt(mean(x^2) + eps) * scale (no centring, no bias)."""
+    """T5 RMSNorm, x * rsqrt(mean(x^2) + eps) * scale, with T5X's dtypes at each step.
+
+    As `t5x/examples/t5/layers.py::LayerNorm`: the mean square and rsqrt in float32, the normalised
+    value rounded to `dtype`, then multiplied by the scale (also rounded to `dtype`) in `dtype`.
+    """
 
     dtype: DType
     epsilon: float = 1e-6
@@ -195,7 +214,8 @@ class LayerNorm(nn.Module):
         x = jnp.asarray(x, jnp.float32)
         scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
         var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-        return (x * jax.lax.rsqrt(var + self.epsilon) * scale).astype(self.dtype)
+        y = jnp.asarray(x * jax.lax.rsqrt(var + self.epsilon), self.dtype)
+        return y * jnp.asarray(scale, self.dtype)
 
 
 class Dense(nn.Module):
@@ -266,7 +286,7 @@ class MultiHeadAttention(nn.Module):
 
         Args:
           q_inputs: dtype [batch, q_len, emb].
-          kv_inputs: dtype [batch, kv_len, emb] (ignored when read from the cache).
+          kv_inputs: dtype [batch, kv_len, emb]; None with cache_mode='cross' reads the cache.
           mask: bool [batch, 1 | heads, q_len, kv_len] (True = attend) or None.
           bias: dtype [batch | 1, heads, q_len, kv_len] additive bias or None.
           enable_dropout: attention-probability dropout.
@@ -286,10 +306,17 @@ class MultiHeadAttention(nn.Module):
             return y.reshape(y.shape[:2] + (heads, head_dim))  # [b, l, h*d] -> [b, l, h, d]
 
         query = project("query", q_inputs, _query_init(head_dim))  # [b, q, h, d]
-        if cache_mode == "cross":
-            # Projected once when the cache is created (the init fns run only then), read after.
-            key = self.variable("cache", "cached_key", project, "key", kv_inputs).value
-            value = self.variable("cache", "cached_value", project, "value", kv_inputs).value
+        if cache_mode == "cross" and kv_inputs is None:
+            # Read the K/V projected when the cache was created (our block steps pass no encoder
+            # output).
+            key = self.variable("cache", "cached_key").value
+            value = self.variable("cache", "cached_value").value
+        elif cache_mode == "cross":
+            # Given the encoder output (T5X's step convention), project it as T5X does; the cache
+            # keeps the projection made when it was created.
+            key, value = project("key", kv_inputs), project("value", kv_inputs)
+            self.variable("cache", "cached_key", lambda: key)
+            self.variable("cache", "cached_value", lambda: value)
         else:
             key = project("key", kv_inputs)  # [b, k, h, d]
             value = project("value", kv_inputs)
@@ -313,14 +340,22 @@ class MultiHeadAttention(nn.Module):
                 # Causal by position: query at t sees cache slots <= t only.
                 mask = (key_positions[None, None, :] <= query_positions[:, :, None])[:, None]
 
+        # T5X's dtypes (layers.py::dot_product_attention): q.k, the additive bias (mask bias
+        # NEG_INF/0 in `dtype` plus the relative-position bias) and the softmax all run in the
+        # activation dtype, or in float32 when `float32_attention_logits`.
         if cfg.float32_attention_logits:
             query, key = query.astype(jnp.float32), key.astype(jnp.float32)
-        logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
-        if bias is not None:
-            logits = logits + bias.astype(jnp.float32)
+        logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [b, h, q, k]
         if mask is not None:
-            logits = jnp.where(mask, logits, NEG_INF)
-        weights = jax.nn.softmax(logits, axis=-1).astype(cfg.dtype)  # [b, h, q, k]
+            mask_bias = jax.lax.select(
+                mask,
+                jnp.zeros(mask.shape, cfg.dtype),
+                jnp.full(mask.shape, NEG_INF, cfg.dtype),
+            )
+            bias = mask_bias if bias is None else mask_bias + bias.astype(cfg.dtype)
+        if bias is not None:
+            logits = logits + bias.astype(logits.dtype)
+        weights = jax.nn.softmax(logits).astype(cfg.dtype)  # [b, h, q, k]
         weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=not enable_dropout)
         out = jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(cfg.dtype))
         out = out.reshape(batch, q_len, features)  # [b, q, h, d] -> [b, q, h*d]
@@ -397,7 +432,8 @@ class Embed(nn.Module):
         return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
 
     def attend(self, x: Array) -> Array:
-        return jnp.dot(x, self.embedding.T.astype(self.dtype))
+        """Logits against the float32 table (T5X's `attend_dtype=float32`): float32 [..., vocab]."""
+        return jnp.dot(x, self.embedding.T)
 
 
 def _positions_or_arange(positions: Array | None, tokens: Array) -> Array:
@@ -445,9 +481,19 @@ class Decoder(nn.Module):
         decode=False,
     ):
         cfg = self.config
+        initialising = decode and not self.has_variable("cache", _first_layer(cfg))
+        if decode:
+            # T5X's cache index: the position of the next token fed without decoder_positions
+            # (T5X's one-token-per-call convention). Calls with positions neither read nor move it.
+            cache_index = self.variable("cache", "cache_index", jnp.zeros, (), jnp.int32)
+            if not initialising and decoder_positions is None:
+                k = decoder_input_tokens.shape[1]
+                decoder_positions = jnp.broadcast_to(
+                    cache_index.value + jnp.arange(k, dtype=jnp.int32), decoder_input_tokens.shape
+                )
+                cache_index.value = cache_index.value + k
         positions = _positions_or_arange(decoder_positions, decoder_input_tokens)
         enc_valid = encoder_input_tokens > 0  # [b, enc_len]
-        initialising = decode and not self.has_variable("cache", _first_layer(cfg))
         if decode and not initialising:
             self_mask = None  # built from positions against the cache inside the attention
             cross_mask = jnp.broadcast_to(
@@ -488,7 +534,8 @@ class Decoder(nn.Module):
             decode,
             positions,
         )
-        x = LayerNorm(cfg.dtype, cfg.layer_norm_epsilon, name="decoder_norm")(x)
+        norm_dtype = jnp.float32 if cfg.float32_final_logits else cfg.dtype
+        x = LayerNorm(norm_dtype, cfg.layer_norm_epsilon, name="decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=not enable_dropout)
         if cfg.logits_via_embedding:
             logits = self.shared_embedding.attend(x) / jnp.sqrt(x.shape[-1]).astype(x.dtype)
@@ -586,16 +633,19 @@ class Transformer(nn.Module):
         """Decoder logits (teacher-forced, or one cached block when `decode=True`).
 
         Args:
-          encoded: dtype [batch, enc_len, emb] encoder output (with `decode=True` it is only read
-            when the cache is created; later calls use the cached cross K/V).
+          encoded: dtype [batch, enc_len, emb] encoder output. With `decode=True` and an existing
+            cache, None reads the cross K/V cached when the cache was created (our block steps);
+            an array is projected afresh, as T5X does at every step.
           encoder_input_tokens: int32 [batch, enc_len] (for the cross-attention padding mask).
           decoder_input_tokens: int32 [batch, k] (k = full length when teacher forcing or when
             creating the cache; any k >= 1 for a cached block).
           decoder_target_tokens: int32 [batch, k] or None; its zeros mark padding when teacher
             forcing (T5X semantics). Unused in cached decoding.
           encoder_segment_ids, decoder_segment_ids: int32 segment ids for packed training data.
-          decoder_positions: int32 [batch, k] absolute decoder positions. Required for cached
-            block calls; defaults to 0..k-1 otherwise.
+          decoder_positions: int32 [batch, k] absolute decoder positions (rows may differ;
+            rollback = calling again at earlier positions). In a cached call without them the
+            block sits at the cache's `cache_index` (T5X's convention: positions index..index+k-1,
+            then the index moves on by k); otherwise they default to 0..k-1.
           enable_dropout: dropout on (training) or off.
           decode: use/update the `'cache'` collection (apply with `mutable=['cache']`).
           max_decode_length: accepted for T5X compatibility; the cache length is the decoder input
@@ -606,15 +656,10 @@ class Transformer(nn.Module):
           `decoder_positions[:, j]`.
 
         Raises:
-          ValueError: cached block call without `decoder_positions`, or mismatched shapes.
+          ValueError: `decoder_positions` shape differs from `decoder_input_tokens`'.
         """
         del max_decode_length
-        if decode and self.has_variable("cache", "decoder"):
-            if decoder_positions is None:
-                raise ValueError(
-                    "decode=True with an existing cache needs decoder_positions int32 [batch, k] "
-                    "(absolute position of each decoder input token); got None."
-                )
+        if decoder_positions is not None:
             if decoder_positions.shape != decoder_input_tokens.shape:
                 raise ValueError(
                     f"decoder_positions shape {decoder_positions.shape} must equal "

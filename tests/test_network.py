@@ -167,21 +167,31 @@ def test_cross_attention_kv_is_cached_not_recomputed(tiny_target):
     assert layer["self_attention"]["cached_key"].shape == (2, 6, 4, 3)
 
 
-def test_cached_call_without_positions_raises(tiny_target):
+def test_cached_calls_without_positions_use_and_advance_cache_index(tiny_target):
+    # T5X's convention (one token per call, position from the cache index) and ours (explicit
+    # positions, which neither read nor move the index) give the same logits.
     module, params = tiny_target
-    enc = encoder_inputs(1, 4, [4])
-    cache, _ = models.EncoderDecoderModel(module).decoder_state(params, enc, 5)
-    with pytest.raises(ValueError, match="decoder_positions"):
-        module.apply(
+    enc = encoder_inputs(2, 4, [4, 2])
+    cache, step = models.EncoderDecoderModel(module).decoder_state(params, enc, 5)
+    assert cache["decoder"]["cache_index"].shape == ()
+    tokens = jnp.asarray([[0, 5, 7], [0, 9, 4]], jnp.int32)
+    want, _ = step(tokens, jnp.zeros((2,), jnp.int32), cache)
+    for t in range(3):
+        logits, variables = module.apply(
             {"params": params, "cache": cache},
             None,
             enc,
-            jnp.zeros((1, 1), jnp.int32),
+            tokens[:, t : t + 1],
             decode=True,
             enable_dropout=False,
             mutable=["cache"],
             method=module.decode,
         )
+        cache = variables["cache"]
+        assert int(cache["decoder"]["cache_index"]) == t + 1
+        np.testing.assert_allclose(logits[:, 0], want[:, t], rtol=1e-5, atol=1e-5)
+    _, cache = step(tokens[:, :1], jnp.full((2,), 3, jnp.int32), cache)
+    assert int(cache["decoder"]["cache_index"]) == 3
 
 
 def test_relative_position_buckets_match_t5_reference():
