@@ -97,7 +97,7 @@ def expand_cache(cache: Any, num_decodes: int, cache_offset: int = 0, expand_ind
 
     def expand(path, leaf):
         name = getattr(path[-1], "key", None) if path else None
-        if name in skip:
+        if name in skip or jnp.ndim(leaf) == 0:  # e.g. our network's scalar cache_index
             return leaf
         return jnp.repeat(leaf, num_decodes, axis=cache_offset)
 
