@@ -8,8 +8,11 @@ On-disk format (docs/t5x_interfaces.md §5.1)::
 
   STATE = {'target': <param tree>, 'state': {'step': ..., 'param_states': ...}}
 
-The newer layout keeps the same files one level down, in `checkpoint_<step>/state/`; readers look
-for `state/checkpoint` first. A msgpack leaf is either the array itself (flax's ext-encoded
+The same files one level down, in `checkpoint_<step>/state/`, are read too (T5X's `Checkpointer`
+looks for `state/checkpoint` first). T5X's Orbax checkpoint manager (`OrbaxCheckpointManagerInterface`)
+writes `checkpoint_<step>/state/` as an Orbax PyTree checkpoint instead (OCDBT: `_METADATA`,
+`manifest.ocdbt`, `ocdbt.process_*/`) holding the same `{'target', 'state'}` tree; it is read with
+orbax-checkpoint (TensorStore underneath), never parsed by hand. A msgpack leaf is either the array itself (flax's ext-encoded
 ndarray, "written inline") or a TensorStore spec dict whose kvstore path is relative to the folder
 holding the msgpack file (`{'driver': 'zarr', 'dtype': 'float32', 'kvstore': {'driver': 'file',
 'path': 'target.encoder.layers_0.attention.query.kernel/'}, 'metadata': {'shape': [...], 'chunks':
@@ -21,7 +24,8 @@ from the local copy of the same folder.
 * `load_params_for_model` returns only the parameters, checked against a model's
   `jax.eval_shape` parameter shapes and read leaf by leaf (each device reads only its slice) into
   the requested shardings, so an 11B model never sits twice in host memory.
-* `save_t5x_checkpoint` writes the same format (both layouts), e.g. to export trained models.
+* `save_t5x_checkpoint` writes the msgpack + zarr format in `checkpoint_<step>/`, the layout T5X's
+  `load_t5x_checkpoint` reads (it does not look into `state/`, so we write nothing there).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import tensorstore as ts
 from flax import serialization
 
@@ -79,23 +84,33 @@ def all_steps(model_dir: str | os.PathLike) -> list[int]:
     steps = []
     for child in pathlib.Path(model_dir).iterdir() if pathlib.Path(model_dir).is_dir() else ():
         match = _STEP_DIR.match(child.name)
-        if match and _msgpack_in(child) is not None:
+        if match and _checkpoint_in(child) is not None:
             steps.append(int(match.group(1)))
     return sorted(steps)
 
 
-def _msgpack_in(step_dir: pathlib.Path) -> pathlib.Path | None:
+def _checkpoint_in(step_dir: pathlib.Path) -> pathlib.Path | None:
+    """The msgpack file, or the Orbax `state/` folder, of a step folder (None if neither)."""
     for candidate in (step_dir / STATE_SUBDIR / CHECKPOINT_FILE, step_dir / CHECKPOINT_FILE):
         if candidate.is_file():
             return candidate
+    if is_orbax_state(step_dir / STATE_SUBDIR):
+        return step_dir / STATE_SUBDIR
     return None
 
 
+def is_orbax_state(path: str | os.PathLike) -> bool:
+    """True for a folder holding an Orbax PyTree checkpoint (T5X's Orbax `state/` layout)."""
+    path = pathlib.Path(path)
+    return path.is_dir() and any((path / f).is_file() for f in ("_METADATA", "manifest.ocdbt"))
+
+
 def find_checkpoint(path: str | os.PathLike, step: int | None = None) -> pathlib.Path:
-    """The msgpack `checkpoint` file for a step folder, a model folder (+ step) or the file.
+    """The msgpack `checkpoint` file, or the Orbax `state/` folder, of a checkpoint.
 
     Args:
-      path: `checkpoint_<step>/`, a model folder holding several, or the msgpack file itself.
+      path: `checkpoint_<step>/`, a model folder holding several, the msgpack file itself, or an
+        Orbax `state/` folder.
       step: step to pick in a model folder (None: the latest).
 
     Raises:
@@ -104,7 +119,7 @@ def find_checkpoint(path: str | os.PathLike, step: int | None = None) -> pathlib
     path = pathlib.Path(path)
     if not path.exists():
         raise FileNotFoundError(f"T5X checkpoint path {str(path)!r} does not exist.")
-    if path.is_file():
+    if path.is_file() or is_orbax_state(path):
         return path
     if step is not None and (path / f"checkpoint_{step}").is_dir():
         path = path / f"checkpoint_{step}"
@@ -112,15 +127,16 @@ def find_checkpoint(path: str | os.PathLike, step: int | None = None) -> pathlib
         raise FileNotFoundError(
             f"no checkpoint_{step}/ in {str(path)!r}; available steps: {all_steps(path)}."
         )
-    found = _msgpack_in(path)
+    found = _checkpoint_in(path)
     if found is not None:
         return found
     steps = all_steps(path)
     if steps:
-        return _msgpack_in(path / f"checkpoint_{steps[-1]}")
+        return _checkpoint_in(path / f"checkpoint_{steps[-1]}")
     raise FileNotFoundError(
         f"no T5X checkpoint in {str(path)!r}: expected a '{STATE_SUBDIR}/{CHECKPOINT_FILE}' or "
-        f"'{CHECKPOINT_FILE}' msgpack file, or checkpoint_<step>/ folders holding one."
+        f"'{CHECKPOINT_FILE}' msgpack file, an Orbax '{STATE_SUBDIR}/' folder, or "
+        "checkpoint_<step>/ folders holding one."
     )
 
 
@@ -133,7 +149,13 @@ def _read_optimizer_state(msgpack_file: pathlib.Path) -> dict[str, Any]:
     raw = msgpack_file.read_bytes()
     if raw.startswith(b"model_checkpoint_path"):
         raise ValueError(f"{msgpack_file} is a TensorFlow checkpoint index, not a T5X checkpoint.")
-    contents = serialization.msgpack_restore(raw)
+    try:
+        contents = serialization.msgpack_restore(raw)
+    except Exception as e:  # msgpack raises bare ValueErrors ("Unpack failed: incomplete input")
+        raise ValueError(
+            f"T5X checkpoint file {msgpack_file} is truncated or corrupt ({len(raw)} bytes; "
+            f"msgpack could not decode it: {e})."
+        ) from e
     if not isinstance(contents, dict):
         raise ValueError(f"{msgpack_file} does not hold a T5X checkpoint dict.")
     if contents.get("version", 0) == 0:  # version 0 stored the optimizer state at the top
@@ -141,6 +163,48 @@ def _read_optimizer_state(msgpack_file: pathlib.Path) -> dict[str, Any]:
     if "optimizer" not in contents:
         raise ValueError(f"{msgpack_file} has no 'optimizer' entry; keys: {sorted(contents)}.")
     return contents["optimizer"]
+
+
+def _orbax_metadata(state_dir: pathlib.Path) -> dict[Name, Any]:
+    """{path: Orbax leaf metadata (`.shape`, `.dtype`)} of an Orbax PyTree checkpoint; no data read."""
+    metadata = ocp.Checkpointer(ocp.PyTreeCheckpointHandler()).metadata(state_dir)
+    return _flatten(_tree_to_dict(metadata.item_metadata.tree))
+
+
+def _orbax_restore(state_dir: pathlib.Path, items: Mapping[Name, Any], args: Mapping[Name, Any]):
+    """Restores the leaves named in `items` (a partial restore) with their restore `args`."""
+    restored = ocp.Checkpointer(ocp.PyTreeCheckpointHandler()).restore(
+        state_dir,
+        args=ocp.args.PyTreeRestore(
+            item=_unflatten(items), restore_args=_unflatten(args), partial_restore=True
+        ),
+    )
+    return _flatten(_tree_to_dict(restored))
+
+
+def _load_orbax(state_dir: pathlib.Path, restore_dtype, lazy: bool) -> dict[str, Any]:
+    """`load_t5x_checkpoint` for T5X's Orbax layout: NumPy leaves, or `LazyArray`s."""
+    metadata = _orbax_metadata(state_dir)
+
+    def spec(key):
+        return jax.ShapeDtypeStruct(tuple(metadata[key].shape), metadata[key].dtype)
+
+    def cast_for(key):
+        return restore_dtype if key[0] == "target" and _is_float(metadata[key].dtype) else None
+
+    def read(keys):
+        args = {k: ocp.RestoreArgs(restore_type=np.ndarray) for k in keys}
+        flat = _orbax_restore(state_dir, {k: spec(k) for k in keys}, args)
+        return {k: _cast_float(np.asarray(flat[k]), cast_for(k)) for k in keys}
+
+    if not lazy:
+        return _unflatten(read(list(metadata)))
+    return _unflatten(
+        {
+            k: LazyArray(spec(k).shape, cast_for(k) or spec(k).dtype, lambda k=k: read([k])[k])
+            for k in metadata
+        }
+    )
 
 
 def _is_spec(leaf: Any) -> bool:
@@ -242,7 +306,8 @@ def load_t5x_checkpoint(
     """Loads a whole T5X checkpoint without a model (mirrors `t5x.checkpoints.load_t5x_checkpoint`).
 
     Args:
-      path: `checkpoint_<step>/`, a model folder holding several, or the msgpack file.
+      path: `checkpoint_<step>/` (msgpack + zarr, or T5X's Orbax `state/` inside), a model folder
+        holding several, the msgpack file or the Orbax `state/` folder.
       step: step to load from a model folder (None: the latest).
       restore_dtype: cast the floating `target` leaves to this dtype (None: as stored).
       lazy_parameters: return `LazyArray`s (read on `get()`) instead of arrays.
@@ -253,10 +318,12 @@ def load_t5x_checkpoint(
 
     Raises:
       FileNotFoundError: no checkpoint at `path` (or that step), or a leaf's array is missing.
-      ValueError: not a T5X msgpack file.
+      ValueError: not a T5X msgpack file, or a truncated/corrupt one (the message names it).
     """
     restore_dtype = None if restore_dtype is None else jnp.dtype(restore_dtype)
     msgpack_file = find_checkpoint(path, step)
+    if msgpack_file.is_dir():  # T5X's Orbax layout
+        return _load_orbax(msgpack_file, restore_dtype, lazy_parameters)
     ckpt_dir = msgpack_file.parent
     flat = _flatten(_read_optimizer_state(msgpack_file))
     out = {}
@@ -341,7 +408,8 @@ def load_params_for_model(
     read, so host memory holds at most one leaf at a time.
 
     Args:
-      path: `checkpoint_<step>/`, a model folder (then `step` or the latest), or the msgpack file.
+      path: `checkpoint_<step>/`, a model folder (then `step` or the latest), the msgpack file or
+        an Orbax `state/` folder (T5X's Orbax checkpoint manager's layout).
       model: `network.T5Config`, `network.Transformer` or `models.EncoderDecoderModel` (e.g. built
         by a gin/models file); its `jax.eval_shape` parameter tree is the expected one.
       dtype: floating parameters are cast to it (bfloat16 for inference; None keeps the stored
@@ -363,13 +431,20 @@ def load_params_for_model(
     expected_tree = param_shapes(model)
     expected = {k: v.shape for k, v in _flatten(_tree_to_dict(expected_tree)).items()}
     msgpack_file = find_checkpoint(path, step)
-    state = _read_optimizer_state(msgpack_file)
-    if "target" not in state:
-        raise ValueError(f"T5X checkpoint {msgpack_file} has no 'target' (params) entry.")
-    flat = _flatten(state["target"])
-    found = {
-        k: _spec_shape(v) if _is_spec(v) else np.shape(v) for k, v in flat.items() if v is not None
-    }
+    if msgpack_file.is_dir():  # T5X's Orbax layout
+        metadata = _orbax_metadata(msgpack_file)
+        flat = {k[1:]: v for k, v in metadata.items() if k[0] == "target"}
+        found = {k: tuple(v.shape) for k, v in flat.items()}
+    else:
+        state = _read_optimizer_state(msgpack_file)
+        if "target" not in state:
+            raise ValueError(f"T5X checkpoint {msgpack_file} has no 'target' (params) entry.")
+        flat = _flatten(state["target"])
+        found = {
+            k: _spec_shape(v) if _is_spec(v) else np.shape(v)
+            for k, v in flat.items()
+            if v is not None
+        }
     _check_against_model(found, expected, str(msgpack_file))
     if shardings is None and mesh is not None:
         from specdec_t5x import partitioning  # local: partitioning does not need checkpoints
@@ -379,6 +454,18 @@ def load_params_for_model(
         flat_shardings = dict.fromkeys(expected, shardings)
     else:
         flat_shardings = _flatten(_tree_to_dict(shardings))
+    if msgpack_file.is_dir():  # Orbax reads each leaf straight into its sharding
+        default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        args = {
+            ("target",) + k: ocp.ArrayRestoreArgs(
+                sharding=flat_shardings[k] or default,
+                dtype=dtype if dtype is not None and _is_float(flat[k].dtype) else None,
+            )
+            for k in expected
+        }
+        items = {("target",) + k: jax.ShapeDtypeStruct(found[k], flat[k].dtype) for k in expected}
+        restored = _orbax_restore(msgpack_file, items, args)
+        return _unflatten({k[1:]: v for k, v in restored.items()})
     params = {}
     for key in sorted(expected):
         params[key] = _place_leaf(flat[key], msgpack_file.parent, key, dtype, flat_shardings[key])
@@ -468,8 +555,9 @@ def save_t5x_checkpoint(
       path: model folder; created if missing.
       step: training step (`state.step` in the checkpoint and the folder name).
       param_states: optional optimizer state tree written as `state.param_states`.
-      layout: `'legacy'` (msgpack and arrays in `checkpoint_<step>/`) or `'state'` (the newer
-        layout: both in `checkpoint_<step>/state/`).
+      layout: `'legacy'` only: msgpack and arrays in `checkpoint_<step>/`, the layout T5X's
+        `load_t5x_checkpoint` reads (it does not look into `state/`, where T5X's own writer puts
+        an Orbax checkpoint instead).
       write_inline: predicate on the dotted leaf name (`'target.encoder.encoder_norm.scale'`):
         True writes that leaf inline into the msgpack file, False as a zarr array. Scalars (the
         step) are always inline; by default every other array goes to zarr (as T5X does for
@@ -481,16 +569,18 @@ def save_t5x_checkpoint(
 
     Raises:
       FileExistsError: `checkpoint_<step>/` already exists.
-      ValueError: unknown layout.
+      ValueError: a layout other than 'legacy'.
     """
-    if layout not in ("legacy", "state"):
-        raise ValueError(f"layout must be 'legacy' or 'state'; got {layout!r}.")
+    if layout != "legacy":
+        raise ValueError(
+            f"layout must be 'legacy' (the layout T5X's load_t5x_checkpoint reads); got {layout!r}."
+        )
     model_dir = pathlib.Path(path)
     final_dir = model_dir / f"checkpoint_{int(step)}"
     if final_dir.exists():
         raise FileExistsError(f"{final_dir} already exists; T5X never overwrites a checkpoint.")
     tmp_dir = model_dir / f"checkpoint_{int(step)}.tmp-{int(time.time())}"
-    data_dir = tmp_dir / STATE_SUBDIR if layout == "state" else tmp_dir
+    data_dir = tmp_dir
     data_dir.mkdir(parents=True)
     state: dict[str, Any] = {"step": np.asarray(int(step), np.int32)}
     if param_states is not None:

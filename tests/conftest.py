@@ -47,6 +47,36 @@ def encoder_inputs(batch: int, length: int, lengths, vocab: int = 32, seed: int 
     return jnp.asarray(tokens, jnp.int32)
 
 
+def recipe_params(module: network.Transformer, enc_len: int, dec_len: int):
+    """The golden weights: NumPy default_rng(1234) over the sorted '/'-joined parameter paths."""
+    ones_enc, ones_dec = jnp.ones((1, enc_len), jnp.int32), jnp.ones((1, dec_len), jnp.int32)
+    shapes = jax.eval_shape(
+        lambda: module.init(jax.random.PRNGKey(0), ones_enc, ones_dec, ones_dec)["params"]
+    )
+    flat = {
+        "/".join(k.key for k in path): leaf.shape
+        for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]
+    }
+    rng = np.random.default_rng(1234)
+    params: dict = {}
+    for name in sorted(flat):
+        z = rng.standard_normal(flat[name]).astype(np.float32)
+        if name.endswith("/scale"):
+            value = 1.0 + 0.1 * z
+        elif name.endswith("rel_embedding"):
+            value = 0.5 * z
+        elif name.endswith("embedding"):
+            value = z
+        else:
+            value = z / np.sqrt(flat[name][0])
+        *parents, leaf = name.split("/")
+        node = params
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = jnp.asarray(value, jnp.float32)
+    return params
+
+
 @pytest.fixture(scope="session")
 def tiny_target():
     module = network.Transformer(tiny_config())

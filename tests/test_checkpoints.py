@@ -1,13 +1,14 @@
-"""T5X checkpoints: on-disk format (msgpack + zarr, both layouts), exact reload, clear errors."""
+"""T5X checkpoints: msgpack + zarr (also under state/), T5X's Orbax layout, exact reload, errors."""
 
 import json
+import pathlib
 import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import encoder_inputs, init_params, tiny_config
+from conftest import encoder_inputs, init_params, recipe_params, tiny_config
 from flax import serialization
 
 from specdec_t5x import checkpoints, network
@@ -36,14 +37,11 @@ def norms_inline(name: str) -> bool:
     return "norm" in name  # norms inline in the msgpack, everything else in zarr
 
 
-@pytest.mark.parametrize("layout", ["legacy", "state"])
-def test_written_layout_is_t5x(tiny, tmp_path, layout):
+def test_written_layout_is_t5x(tiny, tmp_path):
     _, params = tiny
-    step_dir = checkpoints.save_t5x_checkpoint(
-        params, tmp_path, 10, layout=layout, write_inline=norms_inline
-    )
+    step_dir = checkpoints.save_t5x_checkpoint(params, tmp_path, 10, write_inline=norms_inline)
     assert step_dir == tmp_path / "checkpoint_10"
-    data_dir = step_dir / "state" if layout == "state" else step_dir
+    data_dir = step_dir
     contents = serialization.msgpack_restore((data_dir / "checkpoint").read_bytes())
     assert contents["version"] == 3 and set(contents["optimizer"]) == {"target", "state"}
     target = contents["optimizer"]["target"]
@@ -60,10 +58,16 @@ def test_written_layout_is_t5x(tiny, tmp_path, layout):
     assert int(contents["optimizer"]["state"]["step"]) == 10
 
 
-@pytest.mark.parametrize("layout", ["legacy", "state"])
+@pytest.mark.parametrize("layout", ["legacy", "state_msgpack"])
 def test_reload_gives_identical_logits(tiny, tmp_path, layout):
     module, params = tiny
-    checkpoints.save_t5x_checkpoint(params, tmp_path, 3, layout=layout, write_inline=norms_inline)
+    step_dir = checkpoints.save_t5x_checkpoint(params, tmp_path, 3, write_inline=norms_inline)
+    if (
+        layout == "state_msgpack"
+    ):  # the same files in checkpoint_3/state/ (T5X's Checkpointer reads it)
+        moved = shutil.move(step_dir, tmp_path / "state")
+        step_dir.mkdir()
+        shutil.move(moved, step_dir / "state")
     whole = checkpoints.load_t5x_checkpoint(tmp_path / "checkpoint_3")
     assert int(whole["state"]["step"]) == 3
     jax.tree_util.tree_map(np.testing.assert_array_equal, whole["target"], params)
@@ -93,7 +97,7 @@ def test_model_dir_picks_latest_or_given_step(tiny, tmp_path):
     module, params = tiny
     other = jax.tree_util.tree_map(lambda x: x + 1.0, params)
     checkpoints.save_t5x_checkpoint(params, tmp_path, 5)
-    checkpoints.save_t5x_checkpoint(other, tmp_path, 12, layout="state")
+    checkpoints.save_t5x_checkpoint(other, tmp_path, 12)
     (tmp_path / "checkpoint_20.tmp-123").mkdir()  # an unfinished save is ignored
     assert checkpoints.all_steps(tmp_path) == [5, 12]
     latest = checkpoints.load_params_for_model(tmp_path, module, dtype=None)
@@ -157,3 +161,43 @@ def test_chunk_shape_matches_t5x():
     assert checkpoints.choose_chunk_shape((4096, 10240), 16 * 2**20) == [4096, 2560]
     chunks = checkpoints.choose_chunk_shape((32128, 4096), 2**20)
     assert np.prod(chunks) <= 2**20 and 32128 % chunks[0] == 0 and 4096 % chunks[1] == 0
+
+
+def test_only_layouts_t5x_reads_are_written(tiny, tmp_path):
+    with pytest.raises(ValueError, match="'legacy'"):
+        checkpoints.save_t5x_checkpoint(tiny[1], tmp_path, 1, layout="state")
+
+
+def test_truncated_msgpack_names_the_file(tiny, tmp_path):
+    step_dir = checkpoints.save_t5x_checkpoint(tiny[1], tmp_path, 2, write_inline=norms_inline)
+    msgpack_file = step_dir / "checkpoint"
+    msgpack_file.write_bytes(msgpack_file.read_bytes()[:-20])
+    with pytest.raises(ValueError, match=r"checkpoint_2/checkpoint is truncated or corrupt"):
+        checkpoints.load_t5x_checkpoint(step_dir)
+
+
+T5X_ORBAX = pathlib.Path(__file__).parent / "golden" / "t5x_orbax"  # written by T5X (golden README)
+
+
+def orbax_expected_params():
+    module = network.Transformer(tiny_config(vocab_size=32))
+    return module, recipe_params(module, 4, 4)
+
+
+def test_reads_checkpoint_written_by_t5x_orbax_manager():
+    module, want = orbax_expected_params()
+    whole = checkpoints.load_t5x_checkpoint(T5X_ORBAX)  # model folder: picks checkpoint_7
+    assert int(whole["state"]["step"]) == 7
+    assert whole["state"]["param_states"]  # Adam moments, read too
+    jax.tree_util.tree_map(np.testing.assert_array_equal, whole["target"], want)
+    lazy = checkpoints.load_t5x_checkpoint(T5X_ORBAX / "checkpoint_7", lazy_parameters=True)
+    query = get(lazy["target"], QUERY)
+    assert isinstance(query, checkpoints.LazyArray) and query.shape == (8, 12)
+    np.testing.assert_array_equal(query.get(), get(want, QUERY))
+    loaded = checkpoints.load_params_for_model(T5X_ORBAX, module)  # bf16, default device
+    assert get(loaded, QUERY).dtype == jnp.bfloat16
+    np.testing.assert_array_equal(get(loaded, QUERY), get(want, QUERY).astype(jnp.bfloat16))
+    np.testing.assert_array_equal(
+        logits(module, loaded),
+        logits(module, jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), want)),
+    )

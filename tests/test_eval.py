@@ -164,7 +164,7 @@ def test_paper_row_end_to_end_on_synthetic_checkpoints_and_mock_tfds(tmp_path, m
     module = network.Transformer(cfg)
     target, draft = init_params(module, 11), perturbed(init_params(module, 11), 0.02, 1)
     checkpoints.save_t5x_checkpoint(target, tmp_path / "target", 1000)
-    checkpoints.save_t5x_checkpoint(draft, tmp_path / "draft", 1000, layout="state")
+    checkpoints.save_t5x_checkpoint(draft, tmp_path / "draft", 1000)
     monkeypatch.setattr(seqio.TfdsDataSource, "num_input_examples", lambda self, split: None)
     out = tmp_path / "out"
     bindings = [

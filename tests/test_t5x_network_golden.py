@@ -2,7 +2,7 @@
 
 The expected arrays were produced by T5X's `t5x/examples/t5/network.py::Transformer` and
 `t5x/models.py::EncoderDecoderModel` (commit in tests/golden/t5x_network.json) with the same
-weights, which both sides build from the NumPy recipe below. Bit-identity holds on the same backend
+weights, which both sides build from the NumPy recipe `conftest.recipe_params`. Bit-identity holds on the same backend
 with the same kernels (CPU here, with our CPU kernel off: SPECDEC_CPU_KERNEL=0).
 """
 
@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import recipe_params
 
 from specdec_t5x import decoding, models, network
 
@@ -30,36 +31,6 @@ def golden():
     meta = json.loads((GOLDEN / "t5x_network.json").read_text())
     with np.load(GOLDEN / "t5x_network.npz") as arrays:
         return dict(arrays), meta
-
-
-def recipe_params(module: network.Transformer, enc_len: int, dec_len: int):
-    """The golden weights: NumPy default_rng(1234) over the sorted '/'-joined parameter paths."""
-    ones_enc, ones_dec = jnp.ones((1, enc_len), jnp.int32), jnp.ones((1, dec_len), jnp.int32)
-    shapes = jax.eval_shape(
-        lambda: module.init(jax.random.PRNGKey(0), ones_enc, ones_dec, ones_dec)["params"]
-    )
-    flat = {
-        "/".join(k.key for k in path): leaf.shape
-        for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]
-    }
-    rng = np.random.default_rng(1234)
-    params: dict = {}
-    for name in sorted(flat):
-        z = rng.standard_normal(flat[name]).astype(np.float32)
-        if name.endswith("/scale"):
-            value = 1.0 + 0.1 * z
-        elif name.endswith("rel_embedding"):
-            value = 0.5 * z
-        elif name.endswith("embedding"):
-            value = z
-        else:
-            value = z / np.sqrt(flat[name][0])
-        *parents, leaf = name.split("/")
-        node = params
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[leaf] = jnp.asarray(value, jnp.float32)
-    return params
 
 
 def _setup(golden, dtype_name):
