@@ -51,6 +51,9 @@ def test_t5_model_gin_builds(name):
     cfg = model.module.config
     assert isinstance(cfg, network.T5Config) and cfg.vocab_size == 32128
     assert tuple(cfg.mlp_activations) == ("gelu", "linear") and not cfg.logits_via_embedding
+    # T5X's numerics (T5X's v1.1 gins: bfloat16 activations, float32_attention_logits off).
+    assert jnp.dtype(cfg.dtype) == jnp.bfloat16 and not cfg.float32_attention_logits
+    assert not cfg.float32_final_logits
     if name == "t5_1_1_tiny.gin":  # small enough to really initialise and run
         ones = jnp.ones((1, 3), jnp.int32)
         out = model.module.apply(

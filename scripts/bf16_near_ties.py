@@ -1,0 +1,125 @@
+"""bf16 greedy speculative vs baseline: identical fraction and flipped near-ties, ± float32 final logits.
+
+Decodes the first N examples of the experiment's task with the greedy baseline
+(`decoding.temperature_sample`, target alone) and greedy speculative decoding (γ from the gin file),
+both in one batch, with bfloat16 activations, once with T5X's numerics and once with
+`T5Config.float32_final_logits=True` on target and draft. For each example whose tokens differ it
+reports the first differing position, the target's top-2 logit gap there (teacher-forced on the
+baseline prefix, `evaluation.near_tie_report`) and the bfloat16 spacing at the top logit. Writes
+`<out_dir>/bf16_near_ties.json` / `.md` with command, commit, hardware and date.
+
+  python scripts/bf16_near_ties.py --gin_file gin/experiments/embedded_ende_model_t0.gin \
+      --num_examples 24 --out_dir results/bf16
+"""
+
+import argparse
+import shlex
+import sys
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x import benchmark, evaluation, gin_utils, models
+
+
+def run_setting(gin_files, bindings, examples, input_len, target_len):
+    """Baseline and speculative greedy decodes of `examples` for one numerics setting."""
+    gin.clear_config()
+    what = "gin_utils.build.obj = (%SPEC_MODEL, %TARGET_PARAMS, %GAMMA)"
+    gin_utils.parse(gin_files, [*bindings, what], finalize=False)
+    spec_model, target_params, gamma = gin_utils.build()
+    baseline_model = models.EncoderDecoderModel(spec_model.module)
+    enc = np.zeros((len(examples), input_len), np.int32)
+    for i, ex in enumerate(examples):
+        enc[i, : len(ex["inputs"])] = ex["inputs"]
+    batch = {
+        "encoder_input_tokens": jnp.asarray(enc),
+        "decoder_input_tokens": jnp.zeros((len(examples), target_len), jnp.int32),
+    }
+    greedy = {"temperature": 0.0}
+    baseline = jax.jit(
+        lambda p, b: baseline_model.predict_batch_with_aux(p, b, decoder_params=greedy)[0]
+    )(target_params, batch)
+    spec = jax.jit(
+        lambda p, dp, b: spec_model.predict_batch_with_aux(
+            p, b, decoder_params={**greedy, "gamma": int(gamma)}, draft_params=dp
+        )[0]
+    )(target_params, spec_model.draft.params, batch)
+    baseline, spec = np.asarray(baseline), np.asarray(spec)
+    flips = []
+    for i in np.flatnonzero((baseline != spec).any(-1)):
+        report = evaluation.near_tie_report(
+            spec_model.module, target_params, enc[i], baseline[i], spec[i]
+        )
+        logits = spec_model.module.apply(
+            {"params": target_params},
+            enc[i : i + 1],
+            np.pad(baseline[i : i + 1, :-1], ((0, 0), (1, 0))),
+            np.ones_like(baseline[i : i + 1]),
+            enable_dropout=False,
+        )[0, report["position"]]
+        top = float(jnp.max(logits))
+        report["bf16_spacing_at_top_logit"] = float(2.0 ** (np.floor(np.log2(abs(top))) - 7))
+        flips.append({"example": int(i), **report})
+    return {
+        "bindings": list(bindings),
+        "identical_fraction": float(np.mean((baseline == spec).all(-1))),
+        "num_differing": len(flips),
+        "largest_flipped_top2_gap": max((f["top2_logit_gap"] for f in flips), default=None),
+        "flips": flips,
+    }
+
+
+def table(result) -> str:
+    lines = [
+        "| setting | identical | differing | largest flipped top-2 gap |",
+        "|---|---|---|---|",
+    ]
+    for name, r in result["settings"].items():
+        gap = r["largest_flipped_top2_gap"]
+        lines.append(
+            f"| {name} | {r['identical_fraction']:.3f} | {r['num_differing']} | "
+            f"{'-' if gap is None else f'{gap:.4f}'} |"
+        )
+    lines += ["", f"command: `{result['command']}`", f"commit: {result['commit']}"]
+    lines += [f"date: {result['date']}", f"hardware: {result['hardware']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gin_file", action="append", required=True)
+    parser.add_argument("--num_examples", type=int, default=24)
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--input_len", type=int, default=64)
+    parser.add_argument("--target_len", type=int, default=64)
+    parser.add_argument("--out_dir", default="results/bf16")
+    args = parser.parse_args(argv)
+    bf16 = ["ACTIVATION_DTYPE = 'bfloat16'"]
+    f32_logits = [
+        "target/network.T5Config.float32_final_logits = True",
+        "draft/network.T5Config.float32_final_logits = True",
+    ]
+    gin_utils.parse(args.gin_file, ["gin_utils.build.obj = %TASK"], finalize=False)
+    task = gin_utils.build()
+    examples, _ = evaluation.load_examples(
+        task, args.split, args.num_examples, args.input_len, args.target_len
+    )
+    settings = {"bf16 (T5X numerics)": bf16, "bf16 + float32_final_logits": bf16 + f32_logits}
+    result = {"task": task, "split": args.split, "num_examples": len(examples), "settings": {}}
+    for name, bindings in settings.items():
+        result["settings"][name] = run_setting(
+            args.gin_file, bindings, examples, args.input_len, args.target_len
+        )
+        print(name, {k: v for k, v in result["settings"][name].items() if k != "flips"})
+    command = shlex.join(
+        ["python", "scripts/bf16_near_ties.py", *(sys.argv[1:] if argv is None else argv)]
+    )
+    path = benchmark.write_results(result, args.out_dir, "bf16_near_ties", command, table)
+    print(path.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()
