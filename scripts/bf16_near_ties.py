@@ -5,7 +5,7 @@ Decodes the first N examples of the experiment's task with the greedy baseline
 both in one batch, with bfloat16 activations, once with T5X's numerics and once with
 `T5Config.float32_final_logits=True` on target and draft. For each example whose tokens differ it
 reports the first differing position, the target's top-2 logit gap there (teacher-forced on the
-baseline prefix, `evaluation.near_tie_report`) and the bfloat16 spacing at the top logit. Writes
+baseline prefix, `reports.near_tie_report`) and the bfloat16 spacing at the top logit. Writes
 `<out_dir>/bf16_near_ties.json` / `.md` with command, commit, hardware and date.
 
   python scripts/bf16_near_ties.py --gin_file gin/experiments/embedded_ende_model_t0.gin \
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, evaluation, gin_utils, models
+from specdec_t5x import evaluation, gin_utils, models, provenance, reports
 
 
 def run_setting(gin_files, bindings, examples, input_len, target_len):
@@ -50,7 +50,7 @@ def run_setting(gin_files, bindings, examples, input_len, target_len):
     baseline, spec = np.asarray(baseline), np.asarray(spec)
     flips = []
     for i in np.flatnonzero((baseline != spec).any(-1)):
-        report = evaluation.near_tie_report(
+        report = reports.near_tie_report(
             spec_model.module, target_params, enc[i], baseline[i], spec[i]
         )
         logits = spec_model.module.apply(
@@ -117,7 +117,7 @@ def main(argv=None):
     command = shlex.join(
         ["python", "scripts/bf16_near_ties.py", *(sys.argv[1:] if argv is None else argv)]
     )
-    path = benchmark.write_results(result, args.out_dir, "bf16_near_ties", command, table)
+    path = provenance.write_results(result, args.out_dir, "bf16_near_ties", command, table)
     print(path.with_suffix(".md").read_text())
 
 
