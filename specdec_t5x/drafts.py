@@ -52,8 +52,14 @@ class Draft(Protocol):
         """The draft's block step over a cache from `init_cache` (same batch)."""
         ...
 
+    def pack_params(self, params):
+        """Parameters prepared for repeated decoding (T5 drafts: packed for the CPU kernel, see
+        `steps.pack_params`); the default returns them unchanged."""
+        return params
+
     def prepare(self, params, encoder_input_tokens: Array, max_decode_len: int):
         """Returns `(cache, step)`: `init_cache` and `make_step` for this batch."""
+        params = self.pack_params(params)  # once, outside the decode loop
         cache = self.init_cache(params, encoder_input_tokens, max_decode_len)
         return cache, self.make_step(params, encoder_input_tokens)
 
@@ -69,6 +75,9 @@ class T5Draft(Draft):
     def __init__(self, module: network.Transformer, params: Any):
         self.module = module
         self.params = params
+
+    def pack_params(self, params):
+        return steps.pack_params(self.module, params)
 
     def init_cache(self, params, encoder_input_tokens, max_decode_len):
         return steps.prepare_cache(self.module, params, encoder_input_tokens, max_decode_len)

@@ -177,6 +177,12 @@ def step_costs(
     """
     enc = jnp.asarray(encoder_input_tokens)
     module, draft = spec_model.module, spec_model.draft
+    # Packed once here for the CPU kernel (no-op when off): the steps below run in the timed loop.
+    weight_dtype = getattr(spec_model, "cpu_weight_dtype", "float32")
+    target_params = steps.pack_params(module, target_params, weight_dtype)
+    draft_params = (
+        draft.pack_params(draft_params) if hasattr(draft, "pack_params") else draft_params
+    )
     target_cache = jax.jit(lambda tp, e: steps.prepare_cache(module, tp, e, max_decode_len))(
         target_params, enc
     )

@@ -49,6 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from specdec_t5x import cpu_kernel
+
 Array = jax.Array
 DType = Any
 
@@ -219,7 +221,11 @@ class LayerNorm(nn.Module):
 
 
 class Dense(nn.Module):
-    """Bias-free projection with a 2-D `kernel [in, out]` (T5X's DenseGeneral storage)."""
+    """Bias-free projection with a 2-D `kernel [in, out]` (T5X's DenseGeneral storage).
+
+    If the parameter tree holds `kernel_packed` instead (from `cpu_kernel.pack_params`, which packs
+    the decoder's projections for cached CPU decoding), the product runs on the CPU kernel.
+    """
 
     features: int
     dtype: DType
@@ -227,6 +233,9 @@ class Dense(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
+        if self.has_variable("params", cpu_kernel.PACKED_NAME):
+            packed = self.get_variable("params", cpu_kernel.PACKED_NAME)
+            return cpu_kernel.dense(x, packed, self.features, self.dtype)
         kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
         return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
 

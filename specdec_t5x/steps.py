@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x import network
+from specdec_t5x import cpu_kernel, network
 
 Array = jax.Array
 
@@ -85,18 +85,44 @@ def init_cache(
     return variables["cache"]
 
 
-def make_block_step(module: network.Transformer, params, encoder_input_tokens: Array) -> BlockStep:
+def pack_params(module: network.Transformer, params, cpu_weight_dtype: str = "float32"):
+    """`params` with the decoder projections packed for the CPU matmul kernel
+    (`cpu_kernel.pack_params`; returned unchanged when the kernel is off or does not apply).
+
+    Call once per parameter set, outside decode loops (idempotent). `make_block_step` and
+    `prepare_cache` pack raw parameters themselves, so packing first only saves repeating it.
+
+    Args:
+      module: the `network.Transformer` (its activation dtype decides whether the kernel applies).
+      params: its parameter tree (T5X names), raw or already packed.
+      cpu_weight_dtype: 'float32' (default) or 'bfloat16' storage of the packed weights.
+    """
+    return cpu_kernel.pack_params(params, cpu_weight_dtype, activation_dtype=module.config.dtype)
+
+
+def make_block_step(
+    module: network.Transformer,
+    params,
+    encoder_input_tokens: Array,
+    cpu_weight_dtype: str = "float32",
+) -> BlockStep:
     """The block-step closure over a cached decoder (contract: `BlockStep`).
+
+    On CPU the decoder's dense projections run on `cpu_kernel` by default: raw `params` are packed
+    here, once, outside the returned step (`SPECDEC_CPU_KERNEL=0` turns that off).
 
     Args:
       module: the `network.Transformer`.
-      params: its parameters.
+      params: its parameters (raw, or from `pack_params`).
       encoder_input_tokens: int32 [batch, enc_len] (cross-attention padding mask); the batch must
         match the cache's.
+      cpu_weight_dtype: storage of weights packed here ('float32' or 'bfloat16'; raw params only).
 
     Returns:
       A `BlockStep`; its cache comes from `init_cache` (cross-attention K/V are read from it).
     """
+
+    params = pack_params(module, params, cpu_weight_dtype)
 
     def step(tokens: Array, positions: Array, cache) -> tuple[Array, Any]:
         k = tokens.shape[1]
@@ -121,5 +147,6 @@ def prepare_cache(
     module: network.Transformer, params, encoder_input_tokens: Array, max_decode_len: int
 ):
     """Encodes once and returns the fresh decode cache (`encode` then `init_cache`)."""
+    params = pack_params(module, params)  # no-op when already packed / the kernel is off
     encoded = encode(module, params, encoder_input_tokens)
     return init_cache(module, params, encoded, encoder_input_tokens, max_decode_len)

@@ -1,0 +1,327 @@
+"""Weight-streaming small-M matmul for CPU decoding (an XLA FFI custom call; C++ in `matmul.cc`).
+
+A cached decoder step multiplies M = batch x k rows (k = 1 for a plain step, γ + 1 for the
+speculative verify step) by every projection matrix. XLA:CPU lowers M >= 2 rows to a GEMM that
+re-packs each weight matrix on every call, so on DRAM-bound models the verify step costs ~2x a
+one-token step instead of the ~1x a roofline (and the paper's Section 3.4 cost model) assumes; see
+`results/verify_cost/`. This kernel reads weights packed *once* into contiguous column panels
+`[ceil(N / 32), K, 32]` and streams each panel exactly once per call whatever M is.
+
+* `pack` / `unpack`: one matrix `[K, N]` <-> panels. `pack_params` packs a T5 parameter tree's
+  decoder projections once per parameter set (`kernel` -> `kernel_packed`, see there).
+* `matmul(x, packed, n)`: `x float32 [..., K]` times the packed matrix -> `float32 [..., n]`.
+  Works under `jit`, `while_loop`, `scan` and `vmap`; on GPU/TPU it unpacks and uses `jnp.dot`
+  (`lax.platform_dependent`); differentiating it raises (inference only; train on raw params).
+* Weight dtype (`WEIGHT_DTYPES`): 'float32' (default) or 'bfloat16' (weights stored rounded to
+  bfloat16, widened to float32 in registers: activations, products and sums stay float32; halves
+  the bytes streamed, changes numerics, never the default).
+
+The extension is compiled by `pip install` (setup.py, optional: without a compiler the package still
+installs). When it is missing, or `SPECDEC_CPU_KERNEL=0` is set, `pack_params` returns the
+parameters unchanged and every projection stays `jnp.dot` (logged once).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+import logging
+import os
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+PANEL = 32  # output columns per packed panel
+PACKED_NAME = "kernel_packed"  # parameter name of a packed Dense kernel
+WEIGHT_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+ENV_VAR = "SPECDEC_CPU_KERNEL"  # "0" turns the kernel off
+_TARGET = "specdec_matmul"
+_PACK_TARGET = "specdec_pack"
+_ISAS = {"portable": 0, "avx2+fma": 1, "avx512f": 2}
+_log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """Loads the compiled extension and registers its FFI target once; None if it is missing."""
+    here = pathlib.Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"_matmul{suffix}"
+        if path.is_file():
+            lib = ctypes.CDLL(str(path))
+            lib.SpecdecMatmulIsa.restype = ctypes.c_char_p
+            for target, symbol in ((_TARGET, lib.SpecdecMatmul), (_PACK_TARGET, lib.SpecdecPack)):
+                jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
+            return lib
+    return None
+
+
+def available() -> bool:
+    """Whether the compiled extension is present (built by `pip install`)."""
+    return _library() is not None
+
+
+def isa() -> str | None:
+    """Code path the kernel runs on this CPU: 'avx512f', 'avx2+fma', 'portable' (None: no build)."""
+    lib = _library()
+    return None if lib is None else lib.SpecdecMatmulIsa().decode()
+
+
+def force_isa(name: str | None) -> None:
+    """Forces a code path ('portable', 'avx2+fma', 'avx512f'; None: the detected one). For tests
+    and A/B timing. Raises RuntimeError if the extension is missing or this CPU lacks that path."""
+    lib = _library()
+    which = -1 if name is None else _ISAS.get(name)
+    if lib is None or which is None or not lib.SpecdecMatmulForceIsa(which):
+        raise RuntimeError(f"cannot force the kernel code path {name!r} here (isa: {isa()}).")
+
+
+@functools.cache
+def _log_fallback_once(reason: str) -> None:
+    _log.warning("CPU matmul kernel not used (%s): decoder projections run on jnp.dot.", reason)
+
+
+def disabled_reason() -> str | None:
+    """Why `pack_params` would leave parameters unpacked (None: the kernel is used)."""
+    if os.environ.get(ENV_VAR, "1").strip() == "0":
+        return f"{ENV_VAR}=0"
+    if jax.default_backend() != "cpu":
+        return f"default backend is {jax.default_backend()}"
+    if not available():
+        return "the compiled extension is missing (reinstall with a C++ compiler)"
+    return None
+
+
+def check_weight_dtype(weight_dtype: str) -> Any:
+    """The jnp dtype of a weight_dtype name; ValueError naming the bad value otherwise."""
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(
+            f"weight_dtype must be one of {sorted(WEIGHT_DTYPES)}; got {weight_dtype!r}."
+        )
+    return WEIGHT_DTYPES[weight_dtype]
+
+
+def _pack_xla(kernel: Array, dtype: Any) -> Array:
+    k, n = kernel.shape
+    panels = -(-n // PANEL)
+    w = jnp.pad(kernel.astype(dtype), ((0, 0), (0, panels * PANEL - n)))
+    return w.reshape(k, panels, PANEL).transpose(1, 0, 2)
+
+
+@functools.partial(jax.jit, static_argnames="weight_dtype")
+def _pack(kernel: Array, weight_dtype: str) -> Array:
+    dtype = WEIGHT_DTYPES[weight_dtype]
+    if not available():
+        return _pack_xla(kernel, dtype)
+    # On CPU one streaming pass in C++ (XLA's pad + transpose is ~5x slower; packing inside a
+    # jitted predict call must stay cheap next to the decode).
+    k, n = kernel.shape
+    out = jax.ShapeDtypeStruct((-(-n // PANEL), k, PANEL), dtype)
+    return jax.lax.platform_dependent(
+        kernel.astype(jnp.float32),
+        cpu=jax.ffi.ffi_call(_PACK_TARGET, out, vmap_method="expand_dims"),
+        default=lambda w: _pack_xla(w, dtype),
+    )
+
+
+def pack(kernel: Array, weight_dtype: str = "float32") -> Array:
+    """Packs one matrix into column panels.
+
+    Args:
+      kernel: float [K, N] (a Dense kernel, T5X layout `[in, out]`).
+      weight_dtype: 'float32' or 'bfloat16' (storage of the packed copy).
+
+    Returns:
+      weight_dtype [ceil(N / 32), K, 32]; panel p holds columns 32p .. 32p + 31 (zero past N).
+
+    Raises:
+      ValueError: not 2-D, a zero-size axis, or an unknown weight_dtype.
+    """
+    check_weight_dtype(weight_dtype)
+    if kernel.ndim != 2 or 0 in kernel.shape:
+        raise ValueError(f"pack needs a non-empty [K, N] matrix; got shape {kernel.shape}.")
+    return _pack(kernel, weight_dtype)
+
+
+def unpack(packed: Array, n: int) -> Array:
+    """Inverse of `pack`: float32 [K, n] from panels `[P, K, 32]` (bfloat16 widened exactly)."""
+    panels, k, _ = packed.shape
+    return packed.transpose(1, 0, 2).reshape(k, panels * PANEL)[:, :n].astype(jnp.float32)
+
+
+def _ffi_matmul(x2: Array, packed: Array, n: int) -> Array:
+    call = jax.ffi.ffi_call(
+        _TARGET,
+        jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
+        vmap_method="expand_dims",  # the handler folds/loops leading (vmapped) axes itself
+    )
+    return call(x2, packed, n=np.int32(n))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _matmul2d(x2: Array, packed: Array, n: int) -> Array:
+    return jax.lax.platform_dependent(
+        x2,
+        packed,
+        cpu=lambda a, w: _ffi_matmul(a, w, n),
+        default=lambda a, w: jnp.dot(a, unpack(w, n)),
+    )
+
+
+@_matmul2d.defjvp
+def _matmul2d_jvp(n, primals, tangents):
+    raise NotImplementedError(
+        "cpu_kernel.matmul is inference-only and has no derivative: differentiate a model with "
+        f"its raw (unpacked) parameters, or set {ENV_VAR}=0."
+    )
+
+
+def matmul(x: Array, packed: Array, n: int) -> Array:
+    """`x @ W` for a packed W (see `pack`), through the FFI kernel on CPU.
+
+    Args:
+      x: float32 [..., K] activations (any leading shape; all rows share one pass over W).
+      packed: float32 or bfloat16 [ceil(n / 32), K, 32] from `pack`.
+      n: columns N of the original matrix.
+
+    Returns:
+      float32 [..., n].
+
+    Raises:
+      ValueError: x not float32, shapes that do not match, or a zero-size operand.
+      NotImplementedError: when differentiated.
+    """
+    if x.dtype != jnp.float32:
+        raise ValueError(f"matmul needs float32 activations; got {x.dtype}.")
+    if (
+        packed.ndim != 3
+        or packed.shape[2] != PANEL
+        or packed.dtype
+        not in (
+            jnp.float32,
+            jnp.bfloat16,
+        )
+    ):
+        raise ValueError(
+            f"packed must be float32/bfloat16 [P, K, {PANEL}] from pack(); got {packed.dtype} "
+            f"{packed.shape}."
+        )
+    k = packed.shape[1]
+    if (
+        x.ndim < 1
+        or x.shape[-1] != k
+        or x.size == 0
+        or not (packed.shape[0] - 1) * PANEL < n <= packed.shape[0] * PANEL
+    ):
+        raise ValueError(
+            f"matmul: x {x.shape} (needs [..., {k}] with at least one row) does not fit packed "
+            f"{packed.shape} with n={n} (needs {(packed.shape[0] - 1) * PANEL} < n <= "
+            f"{packed.shape[0] * PANEL})."
+        )
+    lead = x.shape[:-1]
+    return _matmul2d(x.reshape(-1, k), packed, int(n)).reshape(*lead, n)
+
+
+def dense(x: Array, packed: Array, features: int, dtype: Any) -> Array:
+    """A bias-free Dense layer on a packed kernel (used by `network.Dense` when its parameter is
+    `kernel_packed`): `x dtype [..., K]` -> `dtype [..., features]`, computed in float32."""
+    return matmul(x.astype(jnp.float32), packed, features).astype(dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Parameter trees: pack the decoder projections of a T5 tree (T5X names, see `network`) once.
+
+_ATTENTION = {
+    "self_attention": ("query", "key", "value", "out"),
+    "encoder_decoder_attention": ("query", "out"),
+}  # cross K/V: cached, used once
+_MLP = ("wi", "wi_0", "wi_1", "wo")
+
+
+def _projection_paths(decoder: dict) -> list[tuple[str, ...]]:
+    """Paths (inside `decoder`) of every Dense a cached decode step runs."""
+    paths = [("logits_dense",)] if "logits_dense" in decoder else []
+    for layer in sorted(k for k in decoder if k.startswith("layers_")):
+        for block, names in _ATTENTION.items():
+            paths += [(layer, block, n) for n in names if n in decoder[layer].get(block, {})]
+        paths += [(layer, "mlp", n) for n in _MLP if n in decoder[layer].get("mlp", {})]
+    return paths
+
+
+def is_packed(params) -> bool:
+    """Whether `params` comes from `pack_params` (some decoder Dense holds `kernel_packed`)."""
+    decoder = params.get("decoder", {}) if hasattr(params, "get") else {}
+    for path in _projection_paths(decoder):
+        node = decoder
+        for key in path:
+            node = node[key]
+        if PACKED_NAME in node:
+            return True
+    return False
+
+
+def _multi_device(leaves) -> bool:
+    for leaf in leaves:
+        if isinstance(leaf, jax.core.Tracer):
+            if jax.device_count() > 1:
+                return True  # traced: placement unknown; a mesh may shard it
+        elif isinstance(leaf, jax.Array) and len(leaf.sharding.device_set) > 1:
+            return True
+    return False
+
+
+def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any = jnp.float32):
+    """The parameter tree with every decoder projection a cached step runs packed for the kernel.
+
+    Each `decoder/.../{query,key,value,out,wi*,wo,logits_dense}/kernel [K, N]` of the decoder's
+    self-attention, cross-attention query/out, MLP and logits layer becomes `kernel_packed
+    [ceil(N / 32), K, 32]` (see `pack`). Everything else (embedding, encoder, norms, relative
+    position biases, cross-attention key/value, which are applied once per sequence) is the same
+    array object, so the packed tree does not copy it. Call it once per parameter set, outside
+    every decode loop; it is idempotent. The input tree is not modified (checkpoints and the T5X
+    parameter layout are untouched).
+
+    Returns `params` unchanged (the decoder then runs `jnp.dot`) when the kernel is off
+    (`SPECDEC_CPU_KERNEL=0`), the default backend is not CPU, the extension is missing, the
+    activations are not float32 (T5X's bfloat16 activations keep `jnp.dot`), or the parameters are
+    sharded over several devices (a custom call has no partitioning rule). Logged once.
+
+    Args:
+      params: T5 parameter tree (`network.Transformer`, T5X names), raw or already packed.
+      weight_dtype: 'float32' (default) or 'bfloat16' (CPU weight storage; changes numerics).
+      activation_dtype: the model's activation dtype (`T5Config.dtype`).
+
+    Returns:
+      A new nested dict (or `params` itself, see above).
+
+    Raises:
+      ValueError: unknown weight_dtype.
+    """
+    check_weight_dtype(weight_dtype)
+    if not hasattr(params, "get") or "decoder" not in params or is_packed(params):
+        return params
+    reason = disabled_reason()
+    if reason is None and jnp.dtype(activation_dtype) != jnp.float32:
+        reason = f"activations are {jnp.dtype(activation_dtype).name}"
+    if reason is None and _multi_device(jax.tree_util.tree_leaves(params)):
+        reason = "parameters are (or may be) sharded over several devices"
+    if reason is not None:
+        _log_fallback_once(reason)
+        return params
+    out = dict(params)
+    decoder = out["decoder"] = dict(params["decoder"])
+    for path in _projection_paths(params["decoder"]):
+        parent = decoder
+        for key in path[:-1]:
+            parent[key] = dict(parent[key])
+            parent = parent[key]
+        dense = dict(parent[path[-1]])
+        dense[PACKED_NAME] = pack(dense.pop("kernel"), weight_dtype)
+        parent[path[-1]] = dense
+    return out

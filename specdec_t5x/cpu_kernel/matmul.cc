@@ -1,0 +1,392 @@
+// Weight-streaming small-M matmul for XLA:CPU, called through the XLA FFI.
+//
+//   y[rows, n] = x[rows, K] @ W          x, y float32 (row-major)
+//   W packed as panels [P, K, 32] (P = ceil(n / 32), columns >= n zero), float32 or bfloat16.
+//
+// Why: XLA:CPU lowers a [M >= 2, K] x [K, N] dot to a GEMM that re-packs the weights on every call,
+// which costs ~2x a one-row product when the weights come from DRAM (results/verify_cost/). With the
+// weights packed once, every panel is read exactly once per call: for each panel, all rows are
+// computed in chunks that keep their 32 output columns in registers (the panel stays in L1/L2 for
+// the following chunks). bfloat16 weights are widened to float32 in registers (exact), so only the
+// weights are rounded, never the activations; the products and sums are float32.
+//
+// CPU dispatch at run time (no -march=native): AVX-512F, AVX2+FMA, portable C++, chosen once with
+// __builtin_cpu_supports. Single-threaded, no OpenMP. Buffers need no alignment (unaligned loads).
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SPECDEC_X86 1
+#include <immintrin.h>
+#endif
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kPanel = 32;
+
+inline float bf16_to_f32(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+inline float load_scalar(const float* p) { return *p; }
+inline float load_scalar(const uint16_t* p) { return bf16_to_f32(*p); }
+
+// ------------------------------------------------------------------------------------------------
+// Portable C++ (any CPU): rows m0..m0+mb of one panel.
+template <int MB, typename W>
+void chunk_portable(const float* x, int64_t K, const W* w, float* y, int64_t ldy, int64_t nv) {
+  float acc[MB][kPanel] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    float wk[kPanel];
+    for (int j = 0; j < kPanel; ++j) wk[j] = load_scalar(w + k * kPanel + j);
+    for (int m = 0; m < MB; ++m) {
+      const float xv = x[m * K + k];
+      for (int j = 0; j < kPanel; ++j) acc[m][j] += xv * wk[j];
+    }
+  }
+  for (int m = 0; m < MB; ++m) std::memcpy(y + m * ldy, acc[m], nv * sizeof(float));
+}
+
+#ifdef SPECDEC_X86
+// ------------------------------------------------------------------------------------------------
+// AVX-512F: 2 zmm accumulators per row; up to 12 rows per chunk (24 + 2 weight + 1 broadcast zmm).
+__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int MB, typename W>
+__attribute__((target("avx512f"))) void chunk_avx512(const float* x, int64_t K, const W* w,
+                                                     float* y, int64_t ldy, int64_t nv) {
+  // Few rows: two accumulator sets (even / odd k) so the FMA latency is hidden.
+  constexpr int S = MB <= 3 ? 2 : 1;
+  __m512 a0[S][MB], a1[S][MB];
+  for (int s = 0; s < S; ++s)
+    for (int m = 0; m < MB; ++m) a0[s][m] = a1[s][m] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + S <= K; k += S) {
+    for (int s = 0; s < S; ++s) {
+      const W* wk = w + (k + s) * kPanel;
+      const __m512 w0 = load16(wk), w1 = load16(wk + 16);
+      for (int m = 0; m < MB; ++m) {
+        const __m512 xb = _mm512_set1_ps(x[m * K + k + s]);
+        a0[s][m] = _mm512_fmadd_ps(xb, w0, a0[s][m]);
+        a1[s][m] = _mm512_fmadd_ps(xb, w1, a1[s][m]);
+      }
+    }
+  }
+  for (; k < K; ++k) {
+    const W* wk = w + k * kPanel;
+    const __m512 w0 = load16(wk), w1 = load16(wk + 16);
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xb = _mm512_set1_ps(x[m * K + k]);
+      a0[0][m] = _mm512_fmadd_ps(xb, w0, a0[0][m]);
+      a1[0][m] = _mm512_fmadd_ps(xb, w1, a1[0][m]);
+    }
+  }
+  const __mmask16 m0 = nv >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << nv) - 1);
+  const __mmask16 m1 =
+      nv >= 32 ? 0xFFFF : (nv <= 16 ? 0 : static_cast<__mmask16>((1u << (nv - 16)) - 1));
+  for (int m = 0; m < MB; ++m) {
+    __m512 r0 = a0[0][m], r1 = a1[0][m];
+    if (S == 2) {
+      r0 = _mm512_add_ps(r0, a0[S - 1][m]);
+      r1 = _mm512_add_ps(r1, a1[S - 1][m]);
+    }
+    _mm512_mask_storeu_ps(y + m * ldy, m0, r0);
+    _mm512_mask_storeu_ps(y + m * ldy + 16, m1, r1);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// AVX2 + FMA: 4 ymm accumulators per row; up to 3 rows per chunk.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <int MB, typename W>
+__attribute__((target("avx2,fma"))) void chunk_avx2(const float* x, int64_t K, const W* w,
+                                                    float* y, int64_t ldy, int64_t nv) {
+  __m256 acc[MB][4];
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < 4; ++j) acc[m][j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const W* wk = w + k * kPanel;
+    __m256 wv[4];
+    for (int j = 0; j < 4; ++j) wv[j] = load8(wk + 8 * j);
+    for (int m = 0; m < MB; ++m) {
+      const __m256 xb = _mm256_broadcast_ss(x + m * K + k);
+      for (int j = 0; j < 4; ++j) acc[m][j] = _mm256_fmadd_ps(xb, wv[j], acc[m][j]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+    float tmp[kPanel];
+    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(tmp + 8 * j, acc[m][j]);
+    std::memcpy(y + m * ldy, tmp, nv * sizeof(float));
+  }
+}
+#endif  // SPECDEC_X86
+
+// ------------------------------------------------------------------------------------------------
+// Chunk tables: entry mb - 1 handles a chunk of mb rows.
+template <typename W>
+using ChunkFn = void (*)(const float*, int64_t, const W*, float*, int64_t, int64_t);
+
+template <typename W, template <int, typename> class Impl, int... Ms>
+struct Table;
+
+template <int MB, typename W>
+struct Portable {
+  static void run(const float* x, int64_t K, const W* w, float* y, int64_t ldy, int64_t nv) {
+    chunk_portable<MB, W>(x, K, w, y, ldy, nv);
+  }
+};
+#ifdef SPECDEC_X86
+template <int MB, typename W>
+struct Avx512 {
+  static void run(const float* x, int64_t K, const W* w, float* y, int64_t ldy, int64_t nv) {
+    chunk_avx512<MB, W>(x, K, w, y, ldy, nv);
+  }
+};
+template <int MB, typename W>
+struct Avx2 {
+  static void run(const float* x, int64_t K, const W* w, float* y, int64_t ldy, int64_t nv) {
+    chunk_avx2<MB, W>(x, K, w, y, ldy, nv);
+  }
+};
+#endif
+
+template <typename W>
+struct Kernel {
+  int max_rows;              // rows per chunk
+  const ChunkFn<W>* chunks;  // chunks[mb - 1]
+};
+
+template <typename W>
+const ChunkFn<W> kPortable[] = {&Portable<1, W>::run, &Portable<2, W>::run, &Portable<3, W>::run,
+                                &Portable<4, W>::run};
+#ifdef SPECDEC_X86
+template <typename W>
+const ChunkFn<W> kAvx512[] = {
+    &Avx512<1, W>::run, &Avx512<2, W>::run,  &Avx512<3, W>::run,  &Avx512<4, W>::run,
+    &Avx512<5, W>::run, &Avx512<6, W>::run,  &Avx512<7, W>::run,  &Avx512<8, W>::run,
+    &Avx512<9, W>::run, &Avx512<10, W>::run, &Avx512<11, W>::run, &Avx512<12, W>::run};
+template <typename W>
+const ChunkFn<W> kAvx2[] = {&Avx2<1, W>::run, &Avx2<2, W>::run, &Avx2<3, W>::run};
+#endif
+
+enum class Isa { kPortable, kAvx2, kAvx512 };
+
+Isa detect_isa() {
+#ifdef SPECDEC_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+#endif
+  return Isa::kPortable;
+}
+
+std::atomic<int> g_forced{-1};  // SpecdecMatmulForceIsa; -1 = detected
+
+Isa isa() {
+  static const Isa detected = detect_isa();
+  const int forced = g_forced.load(std::memory_order_relaxed);
+  return forced >= 0 ? static_cast<Isa>(forced) : detected;
+}
+
+template <typename W>
+Kernel<W> kernel_for(Isa which) {
+#ifdef SPECDEC_X86
+  if (which == Isa::kAvx512) return {12, kAvx512<W>};
+  if (which == Isa::kAvx2) return {3, kAvx2<W>};
+#endif
+  (void)which;
+  return {4, kPortable<W>};
+}
+
+// rows x K times packed [P, K, 32] -> y [rows, n].
+template <typename W>
+void matmul(const float* x, int64_t rows, int64_t K, const W* w, int64_t P, float* y, int64_t n) {
+  const Kernel<W> kern = kernel_for<W>(isa());
+  for (int64_t p = 0; p < P; ++p) {
+    const W* panel = w + p * K * kPanel;
+    const int64_t col = p * kPanel;
+    const int64_t nv = n - col < kPanel ? n - col : kPanel;
+    for (int64_t r = 0; r < rows; r += kern.max_rows) {
+      const int64_t mb = rows - r < kern.max_rows ? rows - r : kern.max_rows;
+      kern.chunks[mb - 1](x + r * K, K, panel, y + r * n + col, n, nv);
+    }
+  }
+}
+
+std::string dims_str(ffi::AnyBuffer::Dimensions d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+// x: [lead..., rows, K] float32; w: [lead..., P, K, 32]; y: [lead..., rows, n]. Leading (vmap)
+// axes of x and w are either 1 or the output's size (vmap_method="expand_dims").
+ffi::Error MatmulImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y,
+                      int32_t n) {
+  const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (x.element_type() != ffi::DataType::F32 || y->element_type() != ffi::DataType::F32)
+    return ffi::Error::InvalidArgument("specdec_matmul: x and y must be float32.");
+  const bool bf16 = w.element_type() == ffi::DataType::BF16;
+  if (!bf16 && w.element_type() != ffi::DataType::F32)
+    return ffi::Error::InvalidArgument("specdec_matmul: packed weights must be float32 or bfloat16.");
+  if (xd.size() < 2 || wd.size() < 3 || yd.size() != xd.size() || wd.size() != xd.size() + 1)
+    return ffi::Error::InvalidArgument("specdec_matmul: bad ranks x " + dims_str(xd) + ", w " +
+                                       dims_str(wd) + ", y " + dims_str(yd));
+  const size_t lead = xd.size() - 2;
+  const int64_t rows = xd[lead], K = xd[lead + 1], P = wd[lead];
+  if (wd[lead + 1] != K || wd[lead + 2] != kPanel || yd[lead] != rows || yd[lead + 1] != n ||
+      n <= (P - 1) * kPanel || n > P * kPanel || rows < 1 || K < 1)
+    return ffi::Error::InvalidArgument("specdec_matmul: shapes do not match: x " + dims_str(xd) +
+                                       ", w " + dims_str(wd) + ", y " + dims_str(yd) +
+                                       ", n = " + std::to_string(n));
+  int64_t batches = 1;
+  bool w_shared = true;
+  for (size_t i = 0; i < lead; ++i) {
+    if ((xd[i] != 1 && xd[i] != yd[i]) || (wd[i] != 1 && wd[i] != yd[i]))
+      return ffi::Error::InvalidArgument("specdec_matmul: leading axes do not broadcast: x " +
+                                         dims_str(xd) + ", w " + dims_str(wd));
+    batches *= yd[i];
+    w_shared = w_shared && wd[i] == 1;
+  }
+  const float* xp = static_cast<const float*>(x.untyped_data());
+  float* yp = static_cast<float*>(y->untyped_data());
+  const int64_t x_size = rows * K, w_size = P * K * kPanel, y_size = rows * n;
+  auto run = [&](const float* xb, int64_t nrows, const void* wb, float* yb) {
+    if (bf16)
+      matmul(xb, nrows, K, static_cast<const uint16_t*>(wb), P, yb, n);
+    else
+      matmul(xb, nrows, K, static_cast<const float*>(wb), P, yb, n);
+  };
+  const size_t wbytes = bf16 ? 2 : 4;
+  bool x_full = true;
+  for (size_t i = 0; i < lead; ++i) x_full = x_full && xd[i] == yd[i];
+  if (w_shared && x_full) {  // one weight pass for every row of every batch
+    run(xp, rows * batches, w.untyped_data(), yp);
+    return ffi::Error::Success();
+  }
+  for (int64_t b = 0; b < batches; ++b) {
+    // Offsets of batch b in x and w (axes of size 1 broadcast).
+    int64_t rem = b, xo = 0, wo = 0, xs = 1, ws = 1;
+    for (size_t i = lead; i-- > 0;) {
+      const int64_t idx = rem % yd[i];
+      rem /= yd[i];
+      if (xd[i] != 1) xo += idx * xs;
+      if (wd[i] != 1) wo += idx * ws;
+      xs *= xd[i];
+      ws *= wd[i];
+    }
+    run(xp + xo * x_size, rows,
+        static_cast<const char*>(w.untyped_data()) + wo * w_size * wbytes, yp + b * y_size);
+  }
+  return ffi::Error::Success();
+}
+
+// float32 -> bfloat16, round to nearest even (as XLA's convert), NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+inline void put(float* d, float v) { *d = v; }
+inline void put(uint16_t* d, float v) { *d = f32_to_bf16(v); }
+
+// w [K, N] row-major -> panels [P, K, 32] (zero past N), one streaming pass.
+template <typename W>
+void pack(const float* w, int64_t K, int64_t N, int64_t P, W* out) {
+  for (int64_t k = 0; k < K; ++k) {
+    const float* row = w + k * N;
+    for (int64_t p = 0; p < P; ++p) {
+      W* dst = out + (p * K + k) * kPanel;
+      const int64_t nv = N - p * kPanel < kPanel ? N - p * kPanel : kPanel;
+      for (int64_t j = 0; j < nv; ++j) put(dst + j, row[p * kPanel + j]);
+      for (int64_t j = nv; j < kPanel; ++j) put(dst + j, 0.0f);
+    }
+  }
+}
+
+// w: float32 [lead..., K, N]; out: float32 or bfloat16 [lead..., P, K, 32].
+ffi::Error PackImpl(ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out) {
+  const auto wd = w.dimensions(), od = out->dimensions();
+  const bool bf16 = out->element_type() == ffi::DataType::BF16;
+  if (w.element_type() != ffi::DataType::F32 ||
+      (!bf16 && out->element_type() != ffi::DataType::F32))
+    return ffi::Error::InvalidArgument("specdec_pack: float32 in, float32/bfloat16 out.");
+  if (wd.size() < 2 || od.size() != wd.size() + 1)
+    return ffi::Error::InvalidArgument("specdec_pack: bad ranks w " + dims_str(wd) + ", out " +
+                                       dims_str(od));
+  const size_t lead = wd.size() - 2;
+  const int64_t K = wd[lead], N = wd[lead + 1], P = od[lead];
+  int64_t batches = 1;
+  for (size_t i = 0; i < lead; ++i) {
+    if (wd[i] != od[i]) return ffi::Error::InvalidArgument("specdec_pack: leading axes differ");
+    batches *= wd[i];
+  }
+  if (od[lead + 1] != K || od[lead + 2] != kPanel || P != (N + kPanel - 1) / kPanel || K < 1 ||
+      N < 1)
+    return ffi::Error::InvalidArgument("specdec_pack: shapes do not match: w " + dims_str(wd) +
+                                       ", out " + dims_str(od));
+  const float* wp = static_cast<const float*>(w.untyped_data());
+  for (int64_t b = 0; b < batches; ++b) {
+    if (bf16)
+      pack(wp + b * K * N, K, N, P, static_cast<uint16_t*>(out->untyped_data()) + b * P * K * kPanel);
+    else
+      pack(wp + b * K * N, K, N, P, static_cast<float*>(out->untyped_data()) + b * P * K * kPanel);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecPack, PackImpl,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecMatmul, MatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("n"));
+
+// Which code path this CPU runs: "avx512f", "avx2+fma" or "portable".
+extern "C" const char* SpecdecMatmulIsa() {
+  switch (isa()) {
+    case Isa::kAvx512:
+      return "avx512f";
+    case Isa::kAvx2:
+      return "avx2+fma";
+    default:
+      return "portable";
+  }
+}
+
+// Forces a code path (tests and A/B timing): 0 portable, 1 avx2+fma, 2 avx512f, -1 back to the
+// detected one. Returns 1 if done, 0 if this CPU cannot run that path (nothing changes).
+extern "C" int SpecdecMatmulForceIsa(int which) {
+  if (which < -1 || which > 2) return 0;
+  if (which > static_cast<int>(detect_isa())) return 0;
+  g_forced.store(which, std::memory_order_relaxed);
+  return 1;
+}

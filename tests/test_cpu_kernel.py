@@ -1,0 +1,310 @@
+"""The CPU matmul kernel (specdec_t5x/cpu_kernel): exact against jnp.dot, wired into decoding, and
+its fallbacks (env var off, extension missing)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import encoder_inputs
+
+from specdec_t5x import cpu_kernel, decoding, embedded, models, network
+
+needs_kernel = pytest.mark.skipif(
+    not cpu_kernel.available(),
+    reason="CPU kernel extension not built (pip install -e . with a C++ compiler builds it)",
+)
+pytestmark = needs_kernel
+
+
+def _isas():
+    """Every code path this CPU can run (the kernel is forced onto each in turn)."""
+    detected = cpu_kernel.isa()
+    order = ["portable", "avx2+fma", "avx512f"]
+    return order[: order.index(detected) + 1] if detected in order else []
+
+
+@pytest.fixture(params=_isas())
+def isa(request):
+    cpu_kernel.force_isa(request.param)
+    yield request.param
+    cpu_kernel.force_isa(None)
+
+
+def _rel_err(out, ref):
+    return float(np.max(np.abs(np.asarray(out) - ref)) / np.max(np.abs(ref)))
+
+
+@pytest.mark.parametrize("weight_dtype", ["float32", "bfloat16"])
+def test_matmul_equals_dot(isa, weight_dtype):
+    """All M in 1..16, 20, 37; K and N not multiples of 32; bf16 weights vs bf16-rounded dot."""
+    rng = np.random.default_rng(0)
+    for k, n in ((70, 45), (33, 97)):
+        w = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
+        packed = cpu_kernel.pack(w, weight_dtype)
+        assert packed.shape == (-(-n // 32), k, 32)
+        assert packed.dtype == cpu_kernel.WEIGHT_DTYPES[weight_dtype]
+        w_ref = np.asarray(w.astype(packed.dtype).astype(jnp.float32), np.float64)
+        fn = jax.jit(cpu_kernel.matmul, static_argnums=2)
+        for m in [*range(1, 17), 20, 37]:
+            x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+            out = fn(x, packed, n)
+            assert out.shape == (m, n) and out.dtype == jnp.float32
+            assert _rel_err(out, np.asarray(x, np.float64) @ w_ref) < 1e-5, (k, n, m)
+
+
+def test_pack_round_trip_and_leading_axes():
+    w = jnp.asarray(np.random.default_rng(1).standard_normal((40, 50)), jnp.float32)
+    np.testing.assert_array_equal(cpu_kernel.unpack(cpu_kernel.pack(w), 50), w)
+    x = jnp.ones((2, 3, 40), jnp.float32)
+    np.testing.assert_allclose(cpu_kernel.matmul(x, cpu_kernel.pack(w), 50), x @ w, rtol=1e-5)
+
+
+def test_bad_inputs_are_refused():
+    w = jnp.ones((8, 5), jnp.float32)
+    packed = cpu_kernel.pack(w)
+    with pytest.raises(ValueError, match=r"non-empty \[K, N\]"):
+        cpu_kernel.pack(jnp.ones((0, 5)))
+    with pytest.raises(ValueError, match=r"non-empty \[K, N\]"):
+        cpu_kernel.pack(jnp.ones((8, 0)))
+    with pytest.raises(ValueError, match="at least one row"):
+        cpu_kernel.matmul(jnp.ones((0, 8)), packed, 5)
+    with pytest.raises(ValueError, match="does not fit"):
+        cpu_kernel.matmul(jnp.ones((2, 7)), packed, 5)
+    with pytest.raises(ValueError, match="does not fit"):
+        cpu_kernel.matmul(jnp.ones((2, 8)), packed, 33)
+    with pytest.raises(ValueError, match="float32 activations"):
+        cpu_kernel.matmul(jnp.ones((2, 8), jnp.bfloat16), packed, 5)
+    with pytest.raises(ValueError, match="weight_dtype must be one of"):
+        cpu_kernel.pack(w, "float16")
+
+
+def test_while_loop_vmap_and_grad():
+    rng = np.random.default_rng(2)
+    w = jnp.asarray(rng.standard_normal((24, 40)), jnp.float32)
+    packed = cpu_kernel.pack(w)
+    x = jnp.asarray(rng.standard_normal((5, 3, 24)), jnp.float32)
+    # vmap over activations (one weight pass) and over a stack of packed weights.
+    out = jax.jit(jax.vmap(lambda a: cpu_kernel.matmul(a, packed, 40)))(x)
+    np.testing.assert_allclose(out, x @ w, rtol=1e-5, atol=1e-5)
+    stacked = jax.vmap(cpu_kernel.pack)(jnp.stack([w, -2 * w]))
+    out = jax.vmap(lambda a, p: cpu_kernel.matmul(a, p, 40))(x[:2], stacked)
+    np.testing.assert_allclose(out, jnp.stack([x[0] @ w, x[1] @ (-2 * w)]), rtol=1e-5, atol=1e-5)
+
+    def body(i, y):  # chained products inside a while loop
+        return jnp.tanh(cpu_kernel.matmul(y, packed, 40)[:, :24])
+
+    got = jax.jit(lambda y: jax.lax.fori_loop(0, 3, body, y))(x[0])
+    want = x[0]
+    for _ in range(3):
+        want = jnp.tanh((want @ w)[:, :24])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        jax.grad(lambda a: cpu_kernel.matmul(a, packed, 40).sum())(x[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# Wiring into the decoder.
+
+
+def _dense_names(tree, prefix=""):
+    out = set()
+    for key, value in tree.items():
+        if isinstance(value, dict) or hasattr(value, "items"):
+            out |= _dense_names(value, f"{prefix}/{key}")
+        else:
+            out.add(f"{prefix}/{key}")
+    return out
+
+
+def test_pack_params_packs_every_decode_projection(tiny_target):
+    module, params = tiny_target
+    packed = models.pack_params(module, params)
+    names = _dense_names(packed)
+    assert cpu_kernel.is_packed(packed) and not cpu_kernel.is_packed(params)
+    packed_names = {n for n in names if n.endswith("/kernel_packed")}
+    want = {"/decoder/logits_dense/kernel_packed"}
+    for i in range(2):
+        want |= {
+            f"/decoder/layers_{i}/self_attention/{p}/kernel_packed"
+            for p in "query key value out".split()
+        }
+        want |= {
+            f"/decoder/layers_{i}/encoder_decoder_attention/{p}/kernel_packed"
+            for p in ("query", "out")
+        }
+        want |= {f"/decoder/layers_{i}/mlp/{p}/kernel_packed" for p in ("wi_0", "wi_1", "wo")}
+    assert packed_names == want
+    # Everything else is the very same array (no second copy), and the input is untouched.
+    assert packed["encoder"] is params["encoder"]
+    assert packed["token_embedder"] is params["token_embedder"]
+    cross = packed["decoder"]["layers_0"]["encoder_decoder_attention"]
+    assert cross["key"] is params["decoder"]["layers_0"]["encoder_decoder_attention"]["key"]
+    assert "kernel" in params["decoder"]["logits_dense"]
+    assert models.pack_params(module, packed) is packed  # idempotent
+
+
+def _rounded_like_packed(raw, packed):
+    """raw params with exactly the kernels that `packed` holds as bfloat16 rounded to bfloat16."""
+    if "kernel_packed" in packed:
+        rounded = raw["kernel"]
+        if packed["kernel_packed"].dtype == jnp.bfloat16:
+            rounded = rounded.astype(jnp.bfloat16).astype(jnp.float32)
+        return {"kernel": rounded}
+    return {
+        k: _rounded_like_packed(v, packed[k]) if hasattr(v, "items") else v for k, v in raw.items()
+    }
+
+
+@pytest.mark.parametrize("weight_dtype", ["float32", "bfloat16"])
+def test_decoder_logits_with_and_without_kernel(tiny_target, monkeypatch, weight_dtype):
+    """Cached block steps (k = 1 and 3) on packed params vs the jnp.dot path (for bfloat16
+    weights: jnp.dot with the same weights rounded to bfloat16)."""
+    module, params = tiny_target
+    enc = encoder_inputs(2, 7, [7, 4])
+    tokens = jnp.asarray(np.random.RandomState(3).randint(3, 32, (2, 6)), jnp.int32)
+    model = models.EncoderDecoderModel(module, cpu_weight_dtype=weight_dtype)
+    packed = model.pack_params(params)
+    assert packed["decoder"]["logits_dense"]["kernel_packed"].dtype == weight_dtype
+    ref_params = _rounded_like_packed(params, packed)
+
+    def run(p, k):
+        cache, step = model.decoder_state(p, enc, 6)
+        outs = []
+        for t in range(0, 6, k):
+            logits, cache = step(tokens[:, t : t + k], jnp.full((2,), t, jnp.int32), cache)
+            outs.append(logits)
+        return np.concatenate(outs, axis=1)
+
+    for k in (1, 3):
+        with_kernel = run(params, k)
+        np.testing.assert_array_equal(run(packed, k), with_kernel)
+        monkeypatch.setenv(cpu_kernel.ENV_VAR, "0")
+        without = run(ref_params, k)
+        monkeypatch.delenv(cpu_kernel.ENV_VAR)
+        np.testing.assert_allclose(with_kernel, without, rtol=1e-5, atol=1e-5)
+    if weight_dtype == "bfloat16":  # the option does change numerics vs float32 weights
+        monkeypatch.setenv(cpu_kernel.ENV_VAR, "0")
+        assert not np.allclose(run(params, 3), without, rtol=1e-6, atol=0)
+
+
+def test_fallback_env_var_off(tiny_target, monkeypatch):
+    module, params = tiny_target
+    monkeypatch.setenv(cpu_kernel.ENV_VAR, "0")
+    assert cpu_kernel.disabled_reason() == "SPECDEC_CPU_KERNEL=0"
+    assert models.pack_params(module, params) is params
+
+
+def test_fallback_extension_missing(tiny_target, monkeypatch, caplog):
+    """Simulated missing build: parameters stay raw, decoding runs on jnp.dot and says so once."""
+    module, params = tiny_target
+    monkeypatch.setattr(cpu_kernel, "_library", lambda: None)
+    cpu_kernel._log_fallback_once.cache_clear()
+    assert not cpu_kernel.available()
+    with caplog.at_level("WARNING"):
+        assert models.pack_params(module, params) is params
+        assert models.pack_params(module, params) is params
+    assert sum("extension is missing" in r.message for r in caplog.records) == 1
+    model = models.EncoderDecoderModel(module)
+    batch = {
+        "encoder_input_tokens": encoder_inputs(1, 7, [7]),
+        "decoder_input_tokens": jnp.zeros((1, 5), jnp.int32),
+    }
+    decodes, _ = model.predict_batch_with_aux(params, batch)
+    assert decodes.shape == (1, 5)
+
+
+def test_bfloat16_activations_keep_dot(monkeypatch):
+    module = network.Transformer(
+        network.T5Config(
+            vocab_size=32,
+            dtype=jnp.bfloat16,
+            emb_dim=8,
+            num_heads=2,
+            head_dim=4,
+            mlp_dim=16,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+        )
+    )
+    ones = jnp.ones((1, 4), jnp.int32)
+    params = module.init(jax.random.PRNGKey(0), ones, ones, ones, enable_dropout=False)["params"]
+    assert models.pack_params(module, params) is params
+
+
+# Real English source sentences of the DDTP test split (Debian package descriptions).
+SENTENCES = [
+    "converter from ABC to MIDI format and back",
+    "This package contains the documentation.",
+    "It is fast and small.",
+    "command line tool to manage archives",
+    "This package provides the development files for the library.",
+]
+
+
+def test_greedy_decodes_identical_on_embedded_models(monkeypatch):
+    """Shipped target and draft: greedy decodes (baseline and speculative) with and without the
+    kernel are token-identical on a few DDTP sentences."""
+    from specdec_t5x import drafts, speculative, vocab
+
+    voc = vocab.get_vocabulary()
+    configs = {
+        "target": dict(
+            emb_dim=256,
+            num_heads=4,
+            num_encoder_layers=4,
+            num_decoder_layers=4,
+            head_dim=64,
+            mlp_dim=1024,
+        ),
+        "draft": dict(
+            emb_dim=128,
+            num_heads=2,
+            num_encoder_layers=2,
+            num_decoder_layers=1,
+            head_dim=64,
+            mlp_dim=256,
+        ),
+    }
+    nets = {
+        name: network.Transformer(
+            network.T5Config(
+                vocab_size=8192, mlp_activations=("gelu", "linear"), dropout_rate=0.0, **cfg
+            )
+        )
+        for name, cfg in configs.items()
+    }
+    target_params = embedded.load_params("embedded_ende_target")
+    draft_params = embedded.load_params("embedded_ende_draft")
+    rows = [voc.encode("translate English to German: " + s)[:31] + [1] for s in SENTENCES]
+    enc = np.zeros((len(rows), 32), np.int32)
+    for i, r in enumerate(rows):
+        enc[i, : len(r)] = r
+    batch = {
+        "encoder_input_tokens": jnp.asarray(enc),
+        "decoder_input_tokens": jnp.zeros((len(rows), 20), jnp.int32),
+    }
+    draft = drafts.T5Draft(nets["draft"], draft_params)
+    spec = models.SpeculativeEncoderDecoderModel(
+        nets["target"], draft, decode_fn=speculative.speculative_sample
+    )
+    base = models.EncoderDecoderModel(nets["target"], decode_fn=decoding.temperature_sample)
+
+    def decode_both():
+        greedy = {"temperature": 0.0}
+        b = base.predict_batch_with_aux(target_params, batch, decoder_params=greedy)[0]
+        s = spec.predict_batch_with_aux(
+            target_params,
+            batch,
+            decoder_params={**greedy, "gamma": 4},
+            draft_params=draft_params,
+        )[0]
+        return np.asarray(b), np.asarray(s)
+
+    with_kernel = decode_both()
+    monkeypatch.setenv(cpu_kernel.ENV_VAR, "0")
+    without = np.asarray(
+        base.predict_batch_with_aux(target_params, batch, decoder_params={"temperature": 0.0})[0]
+    )
+    np.testing.assert_array_equal(with_kernel[0], without)
+    np.testing.assert_array_equal(with_kernel[1], without)
+    assert (with_kernel[0] > 0).sum() > 5 * len(rows)  # real decodes, not empty outputs
