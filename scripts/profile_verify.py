@@ -37,7 +37,14 @@ import argparse
 import os
 import sys
 
-XLA_VARIANTS = {"default": None, "ynn_off": {"xla_cpu_experimental_ynn_fusion_type": ""}}
+# variant -> (CPU weight dtype of the packed decoder, None = XLA's jnp.dot; XLA compiler options)
+VARIANTS = {
+    "xla": (None, None),
+    "kernel": ("float32", None),
+    "kernel_bf16": ("bfloat16", None),
+    "ynn_off": (None, {"xla_cpu_experimental_ynn_fusion_type": ""}),
+    "before": (None, None),
+}
 _SHAPE = ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers", "num_decoder_layers")
 MODELS = {  # T5 v1.1 shapes: the embedded target that ships, and T5-small.
     "embedded": dict(zip(_SHAPE, (8192, 256, 4, 4, 4), strict=True), head_dim=64, mlp_dim=1024),
@@ -51,12 +58,13 @@ def parse_args():
     p.add_argument("--ks", default="1,2,4,8")
     p.add_argument(
         "--variants",
-        default="before,default,ynn_off",
-        help="default / ynn_off: the working tree's network.py with those XLA options; before: "
-        "network.py at --before_ref with default options",
+        default="xla,kernel,kernel_bf16",
+        help="xla: jnp.dot (SPECDEC_CPU_KERNEL=0); kernel / kernel_bf16: the CPU kernel on "
+        "float32 / bfloat16 packed weights; ynn_off: jnp.dot without YNNPACK dots; before: "
+        "network.py at --before_ref with jnp.dot",
     )
     p.add_argument("--before_ref", default="HEAD", help="git ref of the 'before' network.py")
-    p.add_argument("--modes", default="loop,single,single_cache")
+    p.add_argument("--modes", default="loop,single")
     p.add_argument("--position", type=int, default=32)
     p.add_argument("--enc_len", type=int, default=64)
     p.add_argument("--max_len", type=int, default=64)
@@ -66,6 +74,7 @@ def parse_args():
     p.add_argument("--breakdown", action="store_true")
     p.add_argument("--roofline", action="store_true")
     p.add_argument("--dots", action="store_true", help="isolated x @ W timings for M = 1, 2, 4, 8")
+    p.add_argument("--dots_hot", action="store_true", help="--dots also with cache-hot weights")
     p.add_argument("--tag", default="")
     p.add_argument("--out", default="results/verify_cost")
     return p.parse_args()
@@ -80,6 +89,7 @@ if ARGS.breakdown:  # per-thunk trace events; must be set before the backend is 
     ).strip()
 
 import collections  # noqa: E402
+import contextlib  # noqa: E402
 import functools  # noqa: E402
 import glob  # noqa: E402
 import gzip  # noqa: E402
@@ -96,7 +106,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specdec_t5x import models, network, provenance  # noqa: E402
+from specdec_t5x import cpu_kernel, models, network, provenance  # noqa: E402
 
 
 def network_at(ref: str):
@@ -166,6 +176,20 @@ def time_all(calls: dict, rounds: int) -> dict:
     return times
 
 
+@contextlib.contextmanager
+def kernel_env(on: bool):
+    """SPECDEC_CPU_KERNEL for the traces made inside (jit traces on the first call)."""
+    old = os.environ.get(cpu_kernel.ENV_VAR)
+    os.environ[cpu_kernel.ENV_VAR] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[cpu_kernel.ENV_VAR]
+        else:
+            os.environ[cpu_kernel.ENV_VAR] = old
+
+
 def measure(name: str, ks, variants, modes) -> dict:
     built = {"after": build(name)}
     if "before" in variants:
@@ -174,26 +198,32 @@ def measure(name: str, ks, variants, modes) -> dict:
     calls = {}
     for variant in variants:
         module, params, enc, cache = built["before" if variant == "before" else "after"]
-        options = XLA_VARIANTS.get(variant)
+        weight_dtype, options = VARIANTS[variant]
+        if weight_dtype is not None:  # packed once, outside the timed loop (as the eval job)
+            params = models.pack_params(module, params, weight_dtype)
+            assert cpu_kernel.is_packed(params), cpu_kernel.disabled_reason()
         for mode in modes:
             fn = make_fn(module, mode, options)
             steps = ARGS.loop_steps if mode == "loop" else 1
             for k in ks:
                 toks = jnp.full((1, k), 3, jnp.int32)
-                calls[(variant, mode, k)] = (
-                    lambda fn=fn, t=toks, p=params, e=enc, c=cache: fn(p, e, c, t, pos),
-                    steps,
-                )
+                thunk = lambda fn=fn, t=toks, p=params, e=enc, c=cache: fn(p, e, c, t, pos)
+                with kernel_env(weight_dtype is not None):
+                    jax.block_until_ready(thunk())  # traces (and compiles) under that setting
+                calls[(variant, mode, k)] = (thunk, steps)
     times = time_all(calls, ARGS.rounds)
     out = {}
     for (variant, mode, k), t in times.items():
         ratio = np.asarray(t) / np.asarray(times[(variant, mode, ks[0])])
-        out.setdefault(variant, {}).setdefault(mode, {})[str(k)] = {
+        row = out.setdefault(variant, {}).setdefault(mode, {})[str(k)] = {
             "ms": 1e3 * float(np.median(t)),
+            "ms_q25_q75": [1e3 * float(np.quantile(t, q)) for q in (0.25, 0.75)],
             "ratio": float(np.median(ratio)),
             "ratio_q25": float(np.quantile(ratio, 0.25)),
             "ratio_q75": float(np.quantile(ratio, 0.75)),
         }
+        if "xla" in variants:  # against today's one-token step (jnp.dot), same round
+            row["vs_xla_1"] = float(np.median(np.asarray(t) / times[("xla", mode, ks[0])]))
     return out
 
 
@@ -263,8 +293,9 @@ def breakdown(name: str, ks) -> dict:
     for k in (ks[0], ks[-1]):
         fn = make_fn(module, "loop", None)
         args = (params, enc, cache, jnp.full((1, k), 3, jnp.int32), pos)
-        labels = _instruction_labels(fn.lower(*args).compile().as_text())
-        jax.block_until_ready(fn(*args))
+        with kernel_env(False):  # XLA's own dots (the categories below are XLA thunks)
+            labels = _instruction_labels(fn.lower(*args).compile().as_text())
+            jax.block_until_ready(fn(*args))
         with tempfile.TemporaryDirectory() as tmp:
             with jax.profiler.trace(tmp, create_perfetto_trace=True):
                 for _ in range(repeats):
@@ -335,20 +366,30 @@ def dot_curves(names, ms=(1, 2, 4, 8)) -> dict:
         n = max(2, -(-96 * 2**20 // (4 * i * o)))
         ws = [jax.random.normal(jax.random.PRNGKey(j), (i, o), jnp.float32) for j in range(n)]
 
-        def chain(x, *ws):
+        def chain(x, *ws, matmul=jnp.dot):
             acc = jnp.float32(0)
             for w in ws:
-                y = x @ w
+                y = matmul(x, w)
                 acc = acc + jnp.max(y)
                 x = x + 1e-30 * acc
             return acc
 
         f = jax.jit(chain)
+        kernel = jax.jit(
+            functools.partial(chain, matmul=lambda x, w, o=o: cpu_kernel.matmul(x, w, o))
+        )
+        packed = {d: [cpu_kernel.pack(w, d) for w in ws] for d in ("float32", "bfloat16")}
         calls = {}
         for m in ms:
             x = jnp.ones((m, i), jnp.float32)
-            calls[("hot", m)] = (functools.partial(f, x, *([ws[0]] * n)), n)
+            if ARGS.dots_hot:
+                calls[("hot", m)] = (functools.partial(f, x, *([ws[0]] * n)), n)
             calls[("streamed", m)] = (functools.partial(f, x, *ws), n)
+            calls[("kernel_streamed", m)] = (functools.partial(kernel, x, *packed["float32"]), n)
+            calls[("kernel_bf16_streamed", m)] = (
+                functools.partial(kernel, x, *packed["bfloat16"]),
+                n,
+            )
         times = time_all(calls, max(5, ARGS.rounds // 3))
         res = {}
         for (kind, m), t in times.items():
@@ -358,6 +399,7 @@ def dot_curves(names, ms=(1, 2, 4, 8)) -> dict:
                 "gflops": 2 * m * i * o / sec / 1e9,
                 "weight_gbs": 4 * i * o / sec / 1e9,
                 "ratio": float(np.median(np.asarray(t) / np.asarray(times[(kind, ms[0])]))),
+                "vs_xla_1": float(np.median(np.asarray(t) / np.asarray(times[("streamed", 1)]))),
             }
         out[f"{i}x{o}"] = res
     return out
@@ -395,6 +437,24 @@ def markdown(result: dict) -> str:
                     r = res[v][m][str(k)]
                     cells.append(f"{r['ratio']:.2f}x ({r['ms']:.2f} ms)")
             lines.append("| " + " | ".join(cells) + " |")
+        if "xla" in variants:
+            lines += [
+                "",
+                "Against today's one-token step (xla, k=1), same round, per-round medians:",
+                "",
+            ]
+            lines += [
+                "| variant | mode | "
+                + " | ".join(f"k={k}" for k in result["settings"]["ks"])
+                + " |"
+            ]
+            lines += ["|---|---|" + "---|" * len(result["settings"]["ks"])]
+            for v in variants:
+                for m in modes:
+                    cells = [
+                        f"{res[v][m][str(k)]['vs_xla_1']:.2f}x" for k in result["settings"]["ks"]
+                    ]
+                    lines.append(f"| {v} | {m} | " + " | ".join(cells) + " |")
         if name in result.get("roofline", {}).get("models", {}):
             roof = result["roofline"]["models"][name]
             lines += [
@@ -424,12 +484,17 @@ def markdown(result: dict) -> str:
             "",
         ]
     if "dots" in result:
-        lines += ["## Isolated `x [M, in] @ W [in, out]` (µs per dot, ratio to M=1, GFLOP/s)", ""]
-        lines += ["| W | weights | M=1 | M=2 | M=4 | M=8 |", "|---|---|---|---|---|---|"]
+        lines += [
+            "## Isolated `x [M, in] @ W [in, out]` (µs per dot; ratio to XLA's M=1 dot on the "
+            "same weights, same round; GFLOP/s)",
+            "",
+        ]
+        lines += ["| W | path | M=1 | M=2 | M=4 | M=8 |", "|---|---|---|---|---|---|"]
         for shape, res in result["dots"].items():
             for kind, per_m in res.items():
                 cells = [
-                    f"{r['us']:.0f} ({r['ratio']:.2f}x, {r['gflops']:.0f})" for r in per_m.values()
+                    f"{r['us']:.0f} ({r['vs_xla_1']:.2f}x, {r['gflops']:.0f})"
+                    for r in per_m.values()
                 ]
                 lines.append(f"| {shape} | {kind} | " + " | ".join(cells) + " |")
         lines.append("")
