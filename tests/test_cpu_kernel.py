@@ -187,6 +187,26 @@ def test_decoder_logits_with_and_without_kernel(tiny_target, monkeypatch, weight
         assert not np.allclose(run(params, 3), without, rtol=1e-6, atol=0)
 
 
+def test_scanned_layers_use_the_kernel(monkeypatch):
+    """`scan_layers=True` stacks the layers: packed with a leading layer axis, same logits."""
+    from conftest import init_params, tiny_config
+
+    module = network.Transformer(tiny_config(scan_layers=True))
+    params = init_params(module, 2)
+    packed = models.pack_params(module, params)
+    assert packed["decoder"]["layers"]["mlp"]["wo"]["kernel_packed"].shape == (2, 1, 16, 32)
+    enc = encoder_inputs(1, 5, [5])
+    model = models.EncoderDecoderModel(module)
+    tokens = jnp.asarray([[0, 5, 7]], jnp.int32)
+    pos = jnp.zeros((1,), jnp.int32)
+    outs = []
+    for p, env in ((packed, "1"), (params, "0")):
+        monkeypatch.setenv(cpu_kernel.ENV_VAR, env)
+        cache, step = model.decoder_state(p, enc, 4)
+        outs.append(step(tokens, pos, cache)[0])
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+
+
 def test_fallback_env_var_off(tiny_target, monkeypatch):
     module, params = tiny_target
     monkeypatch.setenv(cpu_kernel.ENV_VAR, "0")

@@ -247,7 +247,8 @@ _MLP = ("wi", "wi_0", "wi_1", "wo")
 def _projection_paths(decoder: dict) -> list[tuple[str, ...]]:
     """Paths (inside `decoder`) of every Dense a cached decode step runs."""
     paths = [("logits_dense",)] if "logits_dense" in decoder else []
-    for layer in sorted(k for k in decoder if k.startswith("layers_")):
+    # `layers_{i}` (T5X's names) or one `layers` module under nn.scan (leading layer axis).
+    for layer in sorted(k for k in decoder if k == "layers" or k.startswith("layers_")):
         for block, names in _ATTENTION.items():
             paths += [(layer, block, n) for n in names if n in decoder[layer].get(block, {})]
         paths += [(layer, "mlp", n) for n in _MLP if n in decoder[layer].get("mlp", {})]
@@ -322,6 +323,10 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
             parent[key] = dict(parent[key])
             parent = parent[key]
         dense = dict(parent[path[-1]])
-        dense[PACKED_NAME] = pack(dense.pop("kernel"), weight_dtype)
+        kernel = dense.pop("kernel")
+        if kernel.ndim == 3:  # scanned layers: [layers, K, N] -> [layers, P, K, 32]
+            dense[PACKED_NAME] = jax.vmap(lambda w: pack(w, weight_dtype))(kernel)
+        else:
+            dense[PACKED_NAME] = pack(kernel, weight_dtype)
         parent[path[-1]] = dense
     return out
