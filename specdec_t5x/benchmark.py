@@ -40,7 +40,7 @@ class _Decoder:
 
 def _random_decoder(config: network.T5Config, batch: int, enc_len: int, max_len: int, seed: int):
     module = network.Transformer(config)
-    params = random_params(module, seed)
+    params = steps.pack_params(module, random_params(module, seed))  # CPU kernel: pack once
     key = jax.random.PRNGKey(seed + 1)
     tokens = jax.random.randint(key, (batch, enc_len), 2, config.vocab_size).astype(jnp.int32)
 
