@@ -76,6 +76,11 @@ def parse_args():
     p.add_argument("--dots", action="store_true", help="isolated x @ W timings for M = 1, 2, 4, 8")
     p.add_argument("--dots_hot", action="store_true", help="--dots also with cache-hot weights")
     p.add_argument("--tag", default="")
+    p.add_argument(
+        "--pause_pid_file",
+        default=None,
+        help="pause (SIGSTOP) this process while the interleaved rounds run, resume after",
+    )
     p.add_argument("--out", default="results/verify_cost")
     return p.parse_args()
 
@@ -98,6 +103,7 @@ import json  # noqa: E402
 import pathlib  # noqa: E402
 import re  # noqa: E402
 import shlex  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -177,6 +183,20 @@ def time_all(calls: dict, rounds: int) -> dict:
 
 
 @contextlib.contextmanager
+def paused(pid_file: str | None):
+    """SIGSTOP the process in `pid_file` (e.g. a background training job) while timing; SIGCONT
+    after, whatever happens. No-op without a file."""
+    pid = int(pathlib.Path(pid_file).read_text().strip()) if pid_file else None
+    if pid:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
 def kernel_env(on: bool):
     """SPECDEC_CPU_KERNEL for the traces made inside (jit traces on the first call)."""
     old = os.environ.get(cpu_kernel.ENV_VAR)
@@ -211,7 +231,8 @@ def measure(name: str, ks, variants, modes) -> dict:
                 with kernel_env(weight_dtype is not None):
                     jax.block_until_ready(thunk())  # traces (and compiles) under that setting
                 calls[(variant, mode, k)] = (thunk, steps)
-    times = time_all(calls, ARGS.rounds)
+    with paused(ARGS.pause_pid_file):
+        times = time_all(calls, ARGS.rounds)
     out = {}
     for (variant, mode, k), t in times.items():
         ratio = np.asarray(t) / np.asarray(times[(variant, mode, ks[0])])
@@ -390,7 +411,8 @@ def dot_curves(names, ms=(1, 2, 4, 8)) -> dict:
                 functools.partial(kernel, x, *packed["bfloat16"]),
                 n,
             )
-        times = time_all(calls, max(5, ARGS.rounds // 3))
+        with paused(ARGS.pause_pid_file):
+            times = time_all(calls, max(5, ARGS.rounds // 3))
         res = {}
         for (kind, m), t in times.items():
             sec = float(np.median(t))
