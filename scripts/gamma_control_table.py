@@ -19,6 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import gin  # noqa: E402
 
 from specdec_t5x import embedded, evaluation, gamma_table, gin_utils  # noqa: E402
+from specdec_t5x import eval as eval_main  # noqa: E402
 
 DEFAULT_EXPERIMENTS = [
     "gin/experiments/embedded_ende_model_t0.gin",
@@ -41,7 +42,7 @@ def main(argv):
     results = {}
     for experiment in files or DEFAULT_EXPERIMENTS:
         gin.clear_config()
-        gin_utils.parse(["gin/runs/eval.gin", experiment], [*bindings, *BUILD], finalize=False)
+        eval_main.parse_config([experiment], [*bindings, *BUILD], finalize=False)
         with gin.config_scope("spec"):
             spec_model = gin_utils.build()
         with gin.config_scope("params"):

@@ -19,6 +19,27 @@ from specdec_t5x import evaluation, gin_utils, provenance, reports
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (imported by seqio) is chatty
 
+# Sampler parameters the job passes per call (from GAMMA / TEMPERATURE / TOPK / TOPP through
+# `evaluation.evaluate`); binding them in gin would be silently overridden, so it is an error.
+PER_CALL_PARAMETERS = [
+    *(f"speculative.speculative_sample.{p}" for p in ("gamma", "temperature", "topk", "topp")),
+    *(f"decoding.temperature_sample.{p}" for p in ("temperature", "topk", "topp")),
+]
+PER_CALL_ROUTE = "the GAMMA / TEMPERATURE / TOPK / TOPP macros (e.g. --gin.GAMMA=3)"
+
+
+def parse_config(files: Sequence[str], bindings: Sequence[str], finalize: bool = True) -> None:
+    """Parses `gin/runs/eval.gin` + files + bindings; rejects bindings the job cannot honour.
+
+    Raises:
+      ValueError: an unset required macro, a macro binding nothing uses (a typo), or a binding of
+        a sampler parameter the job sets per call (`PER_CALL_PARAMETERS`).
+    """
+    gin_utils.parse(["gin/runs/eval.gin", *files], bindings, finalize=False)
+    gin_utils.reject_bindings(PER_CALL_PARAMETERS, PER_CALL_ROUTE)
+    if finalize:
+        gin.finalize()
+
 
 def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """Splits argv into gin files and bindings; raises ValueError on anything else."""
@@ -40,7 +61,7 @@ def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 def main(argv: Sequence[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     files, bindings = parse_flags(argv)
-    gin_utils.parse(["gin/runs/eval.gin", *files], bindings)
+    parse_config(files, bindings)
     evaluate = gin.get_configurable(evaluation.evaluate)
     metrics = evaluate(command="python -m specdec_t5x.eval " + " ".join(argv))
     # Written once, after the call: only then does the operative config hold every value used.

@@ -219,9 +219,10 @@ def evaluate(
     output_dir: str,
     *,
     gamma: int,
-    temperature: float,
-    topk: int = 0,
-    topp: float = 0.0,
+    sampling_settings: sampling.SamplingSettings | None = None,
+    temperature: float | None = None,
+    topk: int | None = None,
+    topp: float | None = None,
     split: str = "test",
     num_examples: int = 100,
     batch_size: int = 1,
@@ -247,7 +248,10 @@ def evaluate(
         γ in 0..auto_gamma_max chosen before each call from the measured cost curve and the
         running α; 0 = the baseline alone). An auto headline without fixed `gammas` sweeps
         1..auto_gamma_max too, so the best fixed γ in hindsight is in the same run.
-      temperature, topk, topp: sampling settings, passed explicitly to both decoders.
+      sampling_settings: the sampling settings, passed explicitly to both decoders (what
+        `gin/runs/eval.gin` binds).
+      temperature, topk, topp: the same as loose keywords (for existing callers); not together
+        with `sampling_settings`. Unset ones default as in `sampling.SamplingSettings`.
       split: task split.
       num_examples: examples decoded (the first ones of the split, unshuffled).
       batch_size: examples per decode call (the paper: 1).
@@ -265,9 +269,17 @@ def evaluate(
       The metrics dict (also written to `metrics.json`).
 
     Raises:
-      ValueError: bad γ / sampling settings (from the samplers) or an empty split.
+      ValueError: bad γ / sampling settings, both `sampling_settings` and loose keywords given, or
+        an empty split.
     """
-    sampling.validate(temperature, topk, topp)
+    loose = {"temperature": temperature, "topk": topk, "topp": topp}
+    loose = {k: v for k, v in loose.items() if v is not None}
+    if sampling_settings is not None and loose:
+        raise ValueError(
+            f"pass sampling_settings or loose sampling keywords, not both; got {sampling_settings} "
+            f"and {loose}."
+        )
+    sampling_settings = sampling_settings or sampling.SamplingSettings(**loose)
     requested = [gamma, *(gammas or ())]
     bad = [g for g in requested if g != "auto" and (isinstance(g, bool) or not isinstance(g, int))]
     if bad:
@@ -289,7 +301,7 @@ def evaluate(
     )
     eos_id = spec_model.eos_id
     baseline = models.EncoderDecoderModel(spec_model.module, vocabulary, vocabulary)
-    settings = {"temperature": temperature, "topk": topk, "topp": topp}
+    settings = sampling_settings.decoder_params()
 
     base_fn = jax.jit(
         lambda tp, b, rng: baseline.predict_batch_with_aux(tp, b, rng, decoder_params=settings)[0]
@@ -335,7 +347,7 @@ def evaluate(
     compiles = _CompileCounter()
     jax.monitoring.register_event_duration_secs_listener(compiles)
     for i, (n, batch) in enumerate(
-        tqdm.tqdm(batches, desc=f"{task} T={temperature}", unit="batch")
+        tqdm.tqdm(batches, desc=f"{task} T={sampling_settings.temperature}", unit="batch")
     ):
         rng = jax.random.fold_in(rng0, i)
         order = list(keys)
@@ -397,7 +409,7 @@ def evaluate(
         quality_args = (seqio_task, vocabulary, examples, eos_id)
         _add_auto_row(metrics, runs, choices, gamma == "auto", quality_args)
     near_ties = []
-    if sampling.is_greedy(temperature):
+    if sampling_settings.greedy:
         for idx, (b, s) in enumerate(zip(runs["baseline"].tokens, runs[gamma].tokens, strict=True)):
             if not np.array_equal(b, s):
                 report = reports.near_tie_report(
@@ -414,9 +426,7 @@ def evaluate(
         num_examples=len(examples),
         batch_size=batch_size,
         gamma=gamma,
-        temperature=temperature,
-        topk=topk,
-        topp=topp,
+        **settings,
         draft=draft_name,
         input_len=input_len,
         max_decode_len=target_len,

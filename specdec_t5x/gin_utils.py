@@ -94,6 +94,33 @@ def missing_required_macros() -> list[str]:
     return sorted(set(pattern.findall(gin.config_str())))
 
 
+def reject_bindings(parameters: Sequence[str], route: str) -> None:
+    """Raises if the parsed config binds any of `parameters`, which the run sets itself.
+
+    Gin applies a binding only when the caller leaves the argument out; a run that passes an
+    argument per call silently overrides the binding. Such bindings are errors, not no-ops.
+
+    Args:
+      parameters: 'module.function.parameter' selectors the run passes per call, e.g.
+        'speculative.speculative_sample.gamma'.
+      route: what to set instead, for the message (e.g. 'the GAMMA macro').
+
+    Raises:
+      ValueError: naming each bound parameter and its value.
+    """
+    bound = []
+    for selector in parameters:
+        try:
+            bound.append(f"{selector} = {gin.query_parameter(selector)!r}")
+        except ValueError:  # not bound (or its module is not in this config)
+            continue
+    if bound:
+        raise ValueError(
+            f"gin binds {'; '.join(bound)}, but this run passes these per call, so the binding(s) "
+            f"would be ignored: set {route} instead."
+        )
+
+
 @gin.configurable(module="gin_utils")
 def build(obj=gin.REQUIRED):
     """Returns what gin binds to `obj` (`gin_utils.build.obj = %MODEL` builds the model)."""

@@ -22,6 +22,9 @@ Semantics follow T5X's `temperature_sample` and `t5x/binary_search.py`, decision
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,6 +54,40 @@ def validate(temperature: float, topk: int, topp: float) -> None:
         raise ValueError(f"topp must be in [0, 1] (0 = off); got topp={topp}.")
     if topk and topp:
         raise ValueError(f"Set at most one of topk and topp; got topk={topk}, topp={topp}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    """One validated set of sampling settings, applied identically to target and draft (§2.2).
+
+    The object the eval job passes to both samplers (like gemma's sampler configs) instead of a
+    loose (temperature, topk, topp) triple; gin builds it from the TEMPERATURE / TOPK / TOPP
+    macros (`gin/runs/eval.gin`).
+
+    Attributes:
+      temperature: float >= 0; below `MIN_TEMPERATURE` is argmax mode (top-k / top-p ignored).
+      topk: int >= 0, tokens kept by the top-k filter (0 = off).
+      topp: float in [0, 1], nucleus mass (0 = off). At most one of topk / topp is set.
+
+    Raises:
+      ValueError: on construction, for settings `validate` rejects.
+    """
+
+    temperature: float = 1.0
+    topk: int = 0
+    topp: float = 0.0
+
+    def __post_init__(self):
+        validate(self.temperature, self.topk, self.topp)
+
+    @property
+    def greedy(self) -> bool:
+        """Argmax mode (temperature below `MIN_TEMPERATURE`)."""
+        return is_greedy(self.temperature)
+
+    def decoder_params(self) -> dict[str, Any]:
+        """`{'temperature', 'topk', 'topp'}`: keyword arguments of both samplers."""
+        return dataclasses.asdict(self)
 
 
 def is_greedy(temperature: float) -> bool:

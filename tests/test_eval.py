@@ -193,3 +193,50 @@ def test_paper_row_end_to_end_on_synthetic_checkpoints_and_mock_tfds(tmp_path, m
         r["top2_logit_gap"] < 1e-3 for r in metrics["near_ties"]
     )
     assert (out / "operative_config.gin").read_text().count("TARGET_CHECKPOINT") >= 1
+
+
+def _run_eval_job(tmp_path, name, bindings):
+    from specdec_t5x import eval as eval_main
+
+    out = tmp_path / name
+    argv = ["--gin_file=gin/experiments/embedded_ende_source_copy_t0.gin"]
+    argv += [f"--gin.{b}" for b in ["NUM_EXAMPLES=2", "INPUT_LEN=32", "TARGET_LEN=8", *bindings]]
+    argv.append(f"--gin.EVAL_OUTPUT_DIR='{out}'")
+    gin.clear_config(clear_constants=True)
+    try:
+        metrics = eval_main.main(argv)
+    finally:
+        gin.clear_config(clear_constants=True)
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    return metrics, [(r["baseline"], r["speculative"]) for r in rows]
+
+
+def test_every_gin_decoding_setting_reaches_the_decoders_or_errors(data_dir, tmp_path, monkeypatch):
+    """GAMMA, TEMPERATURE, TOPK and TOPP each change the decoded tokens or statistics of the eval
+    job; bindings the job would override (the samplers' own parameters) and typos are errors."""
+    costs = {"c": 0.1, "verify_cost_ratio": 1.0}
+    monkeypatch.setattr(evaluation, "measure_step_costs", lambda *args, **kwargs: costs)
+    greedy, greedy_tokens = _run_eval_job(tmp_path, "greedy", [])
+    assert greedy["gamma"] == 3 and len(greedy["accept_histogram"]) == 4  # the experiment's γ
+    assert all(b == s for b, s in greedy_tokens)  # argmax mode: speculative == baseline
+
+    gamma2, gamma2_tokens = _run_eval_job(tmp_path, "gamma2", ["GAMMA=2"])
+    assert gamma2["gamma"] == 2 and len(gamma2["accept_histogram"]) == 3  # statistics change
+    assert gamma2_tokens == greedy_tokens
+
+    sampled, sampled_tokens = _run_eval_job(tmp_path, "t1", ["TEMPERATURE=1.0"])
+    assert sampled["temperature"] == 1.0 and sampled_tokens != greedy_tokens
+    # At T = 1, top-1 and a tiny nucleus keep only the argmax: the greedy tokens come back.
+    for name, binding in (("topk1", "TOPK=1"), ("topp", "TOPP=0.001")):
+        metrics, tokens = _run_eval_job(tmp_path, name, ["TEMPERATURE=1.0", binding])
+        assert tokens == greedy_tokens, name
+        assert metrics["sampling"]["topk"] == (1 if name == "topk1" else 0)
+
+    for binding, match in (
+        ("speculative.speculative_sample.gamma=3", "would be ignored: set the GAMMA"),
+        ("speculative.speculative_sample.temperature=1.0", "would be ignored"),
+        ("GAMA=3", r"GAMA \(did you mean GAMMA"),
+        ("TOPK=-1", "topk must be a non-negative int"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            _run_eval_job(tmp_path, "bad", [binding])
