@@ -1,6 +1,7 @@
 """T5X checkpoints (`t5x/checkpoints.py`, VERSION 3) read and written without T5X.
 
-On-disk format (docs/t5x_interfaces.md §5.1)::
+On-disk format (as written by T5X's `t5x.checkpoints.Checkpointer.save` and read by
+`t5x.checkpoints.load_t5x_checkpoint`)::
 
   <model_dir>/checkpoint_<step>/checkpoint         msgpack: {'version': 3, 'optimizer': STATE}
   <model_dir>/checkpoint_<step>/target.decoder.layers_0.self_attention.query.kernel/

@@ -3,11 +3,11 @@
 Files: `model.safetensors` (or a sharded `model.safetensors.index.json`) through
 `safetensors.numpy`; `pytorch_model.bin` (or its index) only when torch is importable. The name
 mapping and transposes follow HF's `convert_t5x_checkpoint_to_pytorch.py`
-(docs/t5x_interfaces.md §5.3): every projection kernel is transposed (T5X `[in, out]`, torch
+(`transformers/models/t5/`): every projection kernel is transposed (T5X `[in, out]`, torch
 `[out, in]`), the relative bias table too (`[heads, 32]` vs `[32, heads]`, block 0 only), norms
 and the embedding map 1:1.
 
-Logits and output scaling (the transformers 5.x trap, §7). Reading rule:
+Logits and output scaling (the transformers 5.x trap: a tied-embedding default). Reading rule:
 
 * output scaling by d_model^-0.5 = `scale_decoder_outputs` if the config has it, else
   `tie_word_embeddings` (HF's default True);
@@ -378,7 +378,7 @@ def _fields(config: network.T5Config) -> dict[str, Any]:
 def load_torch_model(path: str | os.PathLike, torch_dtype: str = "float32"):
     """`T5ForConditionalGeneration.from_pretrained(path)` with its logits head checked.
 
-    Guards the transformers 5.x trap (docs §7): if the loaded `lm_head` is not the stored
+    Guards the transformers 5.x trap (see the module docstring): if the loaded `lm_head` is not the stored
     `lm_head.weight` (e.g. force-tied to `shared`), it is replaced by the stored one, and
     `config.scale_decoder_outputs` is set by the reading rule. Needs torch and transformers.
     """
