@@ -120,3 +120,11 @@ def test_mistyped_macro_binding_is_an_error_naming_the_macro():
     gin.clear_config(clear_constants=True)
     gin_utils.parse(files, ["GAMMA=3"], finalize=False)  # the right name is accepted
     assert gin.query_parameter("%GAMMA") == 3
+
+
+def test_experiment_outputs_go_to_untracked_runs_folder():
+    """results/ holds committed, regenerated tables; run outputs go to runs/ (git-ignored)."""
+    for path in sorted((GIN / "experiments").glob("*.gin")):
+        for line in path.read_text().splitlines():
+            if line.startswith("EVAL_OUTPUT_DIR"):
+                assert line.split("=", 1)[1].strip().startswith("'runs/"), (path.name, line)
