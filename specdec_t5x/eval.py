@@ -4,6 +4,8 @@ T5X-style flags: `--gin_file` (repeatable; paths or names relative to the reposi
 `gin/experiments/embedded_ende_model_t0.gin`) and `--gin.KEY=VALUE` bindings (e.g.
 `--gin.NUM_EXAMPLES=20`, `--gin.EVAL_OUTPUT_DIR="'/tmp/out'"`). Runs `evaluation.evaluate` as bound
 by `gin/runs/eval.gin`, saves the operative config with the results and prints the table row.
+Several processes (`multihost`): add T5X's `--coordinator_address=HOST:PORT --process_count=N
+--process_index=I` (or `--multiprocess` where `jax.distributed` detects them).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 
 import gin
 
-from specdec_t5x import evaluation, gin_utils, provenance, reports
+from specdec_t5x import evaluation, gin_utils, multihost, provenance, reports
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (imported by seqio) is chatty
 
@@ -60,7 +62,10 @@ def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
-    files, bindings = parse_flags(argv)
+    rest, distributed = multihost.split_flags(argv)  # T5X's --coordinator_address etc.
+    if distributed is not None:
+        multihost.initialize(**distributed)  # before any JAX work (gin may load parameters)
+    files, bindings = parse_flags(rest)
     parse_config(files, bindings)
     evaluate = gin.get_configurable(evaluation.evaluate)
     metrics = evaluate(command="python -m specdec_t5x.eval " + " ".join(argv))

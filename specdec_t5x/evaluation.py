@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from specdec_t5x import gamma_control, models, provenance, reports, sampling
+from specdec_t5x import gamma_control, models, multihost, provenance, reports, sampling
 
 
 def load_examples(
@@ -346,9 +346,12 @@ def evaluate(
     runs = {key: reports.Run() for key in keys}
     compiles = _CompileCounter()
     jax.monitoring.register_event_duration_secs_listener(compiles)
-    for i, (n, batch) in enumerate(
-        tqdm.tqdm(batches, desc=f"{task} T={sampling_settings.temperature}", unit="batch")
-    ):
+    for i in tqdm.tqdm(
+        multihost.local_batches(len(batches)),
+        desc=f"{task} T={sampling_settings.temperature}",
+        unit="batch",
+    ):  # all batches with one process; batch i -> process i mod P with several
+        n, batch = batches[i]
         rng = jax.random.fold_in(rng0, i)
         order = list(keys)
         if i % 2:
@@ -384,6 +387,10 @@ def evaluate(
                     None if stats is None else jax.tree_util.tree_map(operator.itemgetter(r), stats)
                 )
 
+    extra = {"choices": choices} if choices else {}
+    choices = multihost.gather_runs(runs, [n for n, _ in batches], batch_size, extra).get(
+        "choices", choices
+    )
     costs = measure_step_costs(
         spec_model,
         target_params,
@@ -436,5 +443,8 @@ def evaluate(
     )
     metrics.update(provenance.record(command or " ".join(sys.argv)))
     metrics["hardware"] = provenance.hardware_description(metrics["hardware"])  # one line
-    reports.write_eval_outputs(out_dir, metrics, runs, gammas, gamma, examples, vocabulary, eos_id)
+    if jax.process_index() == 0:
+        reports.write_eval_outputs(
+            out_dir, metrics, runs, gammas, gamma, examples, vocabulary, eos_id
+        )
     return metrics

@@ -6,12 +6,11 @@ i mod P), and `gather_examples` hands every process all per-example records in g
 metrics are computed from exactly the records a single-process run would have (same examples, same
 per-batch PRNG keys `fold_in(key, i)`). With one process every function is a no-op pass-through.
 
-    python -m specdec_t5x.eval --gin_file=... \\
-        --gin.evaluation.evaluate.distributed="{'coordinator_address': 'host0:1234',
-        'num_processes': 2, 'process_id': 0}"
+    python -m specdec_t5x.eval --gin_file=... --coordinator_address=host0:1234 \
+        --process_count=2 --process_index=0        # and --process_index=1 on the other host
 
-(On TPU pods and SLURM/GPU clusters `jax.distributed.initialize()` finds these by itself; pass
-`{}`.) Only process 0 writes the results directory.
+(On TPU pods and SLURM/GPU clusters `jax.distributed.initialize()` finds these by itself: pass
+`--multiprocess` alone.) Only process 0 writes the results directory.
 """
 
 from __future__ import annotations
@@ -126,3 +125,62 @@ def gather_examples(
         else:
             out[name] = [jax.tree_util.tree_map(lambda x, i=i: x[i], tree) for i in keep]
     return out
+
+
+def gather_runs(
+    runs: Mapping[Any, Any],
+    batch_rows: Sequence[int],
+    batch_size: int,
+    extra: Mapping[str, Sequence[Any]] | None = None,
+) -> dict[str, list[Any]]:
+    """Replaces, in place, each run's per-example lists `seconds`, `tokens`, `stats` (records of
+    this process's batches `local_batches(len(batch_rows))`, in order) with those of all
+    processes in global example order (the eval job's hook).
+
+    Args:
+      runs: name -> object with list attributes `seconds`, `tokens`, `stats`.
+      batch_rows: real examples in each batch (the last batch may be padded).
+      batch_size: examples per batch; example ids are batch * batch_size + row.
+      extra: more per-example columns (same local order) to gather.
+
+    Returns:
+      The gathered `extra` columns (name -> list in global order).
+    """
+    mine = local_batches(len(batch_rows))
+    ids = [i * batch_size + r for i in mine for r in range(batch_rows[i])]
+    total = int(sum(batch_rows))
+    for run in runs.values():
+        columns = {"seconds": run.seconds, "tokens": run.tokens, "stats": run.stats}
+        gathered = gather_examples(columns, ids, total)
+        run.seconds = [float(x) for x in gathered["seconds"]]
+        run.tokens, run.stats = gathered["tokens"], gathered["stats"]
+    return gather_examples(extra, ids, total) if extra else {}
+
+
+FLAGS = {"--coordinator_address": str, "--process_count": int, "--process_index": int}
+
+
+def split_flags(argv: Sequence[str]) -> tuple[list[str], dict[str, Any] | None]:
+    """Takes T5X's multi-process flags (`--coordinator_address=HOST:PORT --process_count=N
+    --process_index=I`, or `--multiprocess` alone for auto-detection) out of `argv`.
+
+    Returns:
+      (the other arguments, `initialize` keyword arguments or None when no such flag was given).
+    """
+    rest, found = [], {}
+    for arg in argv:
+        name, _, value = arg.partition("=")
+        if name in FLAGS:
+            found[name[2:]] = FLAGS[name](value)
+        elif arg == "--multiprocess":
+            found.setdefault("multiprocess", True)
+        else:
+            rest.append(arg)
+    if not found:
+        return rest, None
+    found.pop("multiprocess", None)
+    return rest, {
+        "coordinator_address": found.get("coordinator_address"),
+        "num_processes": found.get("process_count"),
+        "process_id": found.get("process_index"),
+    }

@@ -101,3 +101,20 @@ def test_single_process_gather_orders_examples_and_checks_ids():
         multihost.gather_examples({"tokens": [1, 2]}, [0, 2], 3)
     with pytest.raises(ValueError, match="process_id=2"):
         multihost.initialize("127.0.0.1:1", 2, 2)
+
+
+def test_split_flags_takes_t5x_multiprocess_flags():
+    argv = [
+        "--gin_file=a.gin",
+        "--coordinator_address=h:1",
+        "--process_count=2",
+        "--process_index=1",
+    ]
+    rest, kwargs = multihost.split_flags(argv)
+    assert rest == ["--gin_file=a.gin"]
+    assert kwargs == {"coordinator_address": "h:1", "num_processes": 2, "process_id": 1}
+    assert multihost.split_flags(["--multiprocess"]) == (
+        [],
+        {"coordinator_address": None, "num_processes": None, "process_id": None},
+    )
+    assert multihost.split_flags(["--gin.X=1"]) == (["--gin.X=1"], None)
