@@ -444,7 +444,9 @@ def end_to_end(target, draft, tokens, s, costs, budget) -> dict[str, Any]:
 # Driver and output.
 
 
-def run_benchmark(out_dir: str, smoke: bool, tokens_file: str, command: str) -> dict[str, Any]:
+def run_benchmark(
+    out_dir: str, smoke: bool, tokens_file: str, command: str, commit: str | None = None
+) -> dict[str, Any]:
     """Runs (a), (c), (b) and writes `out_dir/<device>.json` and `.md`; returns the result."""
     s = SETTINGS["smoke" if smoke else "paper"]
     budget = Budget(s["budget_s"])
@@ -483,7 +485,7 @@ def run_benchmark(out_dir: str, smoke: bool, tokens_file: str, command: str) -> 
         "devices": [str(d) for d in jax.devices()],
         "jax_version": jax.__version__,
         "command": command,
-        "commit": provenance.git_commit(),
+        "commit": commit or provenance.git_commit(),
         "date": provenance.utc_date(),
         "hardware": provenance.hardware_info(),
         "smoke": smoke,
@@ -599,9 +601,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, a few seconds of work")
     parser.add_argument("--tokens", default=str(TOKENS_FILE), help="export_tokens .npz file")
+    parser.add_argument("--commit", help="commit to record where the tree has no .git (a copy)")
     args = parser.parse_args(argv)
     command = "python -m specdec_t5x.accelerator_bench " + " ".join(argv)
-    return run_benchmark(args.out_dir, args.smoke, args.tokens, command)
+    return run_benchmark(args.out_dir, args.smoke, args.tokens, command, args.commit)
 
 
 if __name__ == "__main__":
