@@ -161,21 +161,27 @@ def generated_batch(encoder_input_tokens: Array, decodes: Array, eos_id: int) ->
 
 
 def make_generator(model: models.EncoderDecoderModel, target_len: int) -> Callable[..., Batch]:
-    """Jitted `(params, encoder_input_tokens, temperatures, rng) -> generated_batch(...)`.
+    """Jitted `(params, encoder_input_tokens, temperature, rng) -> generated_batch(...)`.
 
     Decodes with the model's cached decoder (`predict_batch_with_aux`, `temperature_sample`, top-k
-    off) for `target_len` tokens. `temperatures` is float32 [batch] (rows at 0 decode greedily), a
-    traced argument, so one compilation serves every temperature mix.
+    off) for `target_len` tokens. `temperature` is a float32 scalar (0 decodes greedily), a traced
+    argument, so one compilation serves every temperature. It is one scalar for the whole batch on
+    purpose: a per-row temperature array follows T5X's semantics (every row sampled with the *same*
+    key), which would make the rows of a generated batch correlated samples.
     """
 
-    def generate(params, encoder_input_tokens, temperatures, rng):
+    def generate(params, encoder_input_tokens, temperature, rng):
+        if jnp.ndim(temperature) != 0:
+            raise ValueError(
+                f"temperature must be a scalar, got shape {jnp.shape(temperature)} (one per batch)."
+            )
         batch = {
             "encoder_input_tokens": encoder_input_tokens,
             "decoder_input_tokens": jnp.zeros(
                 (encoder_input_tokens.shape[0], target_len), jnp.int32
             ),
         }
-        decoder_params = {"temperature": temperatures, "topk": 0, "topp": 0.0}
+        decoder_params = {"temperature": temperature, "topk": 0, "topp": 0.0}
         decodes, _ = model.predict_batch_with_aux(params, batch, rng, decoder_params=decoder_params)
         return generated_batch(encoder_input_tokens, decodes, model.eos_id)
 
@@ -262,7 +268,7 @@ class MixedBatches:
             pool = []
             for i in range(self.pool_batches):
                 t = self.temperatures[i % len(self.temperatures)]
-                temps = jnp.full((self.sources.batch_size,), t, jnp.float32)
+                temps = jnp.asarray(t, jnp.float32)
                 rng = jax.random.fold_in(key, 2 * i + (s == "target"))
                 batch = gen(params, next(self.sources), temps, rng)
                 # Host copies: numpy like the packed batches, so the train step compiles once.
