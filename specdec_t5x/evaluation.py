@@ -367,6 +367,7 @@ def evaluate(
                     auto_decoder.decode, g, batch, rng, compiles=compiles
                 )
                 auto_decoder.update(aux)
+                auto_decoder.observe(g, seconds, np.asarray(tokens)[:n])  # measured speed
                 choices += [(g, predicted)] * n
                 stats = jax.tree_util.tree_map(np.asarray, aux.get("stats"))
             else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -265,18 +266,33 @@ def measure_cost_curve(
 
 @dataclasses.dataclass
 class GammaController:
-    """Chooses γ in 0..gamma_max before each call; learns α from the calls' β.
+    """Chooses γ in 0..gamma_max before each call; learns α from β and corrects by measured speed.
+
+    The cost curve predicts each γ's speedup (generalised Thm 3.8), but a model of step costs misses
+    work inside the speculative loop (rejection sampling over the vocabulary, the loop itself), so on
+    its own it can switch speculation on where it does not pay. The controller therefore also learns
+    from wall-clock time: once `min_timed_calls` calls of some γ > 0 *and* of the baseline (γ = 0)
+    have been timed (`observe`), every γ > 0 prediction is scaled by the calibration factor
+    κ = (measured speedup of the timed γs) / (their predicted speedup), weighted by tokens. Before
+    that it probes: γ = 1 while α is unknown, then γ = 0 until the baseline is timed.
 
     Attributes:
       curve: the measured `CostCurve`.
       prior_alpha: α used before any β was measured (None: probe with γ = 1).
       beta_sum, num_beta: running Σ β and count over all speculative calls so far.
+      min_timed_calls: timed calls of the baseline and of γ > 0 before κ is used.
+      timed_seconds, timed_tokens, timed_calls: per γ, Σ seconds (wall clock), Σ generated
+        tokens and the number of observed calls.
     """
 
     curve: CostCurve
     prior_alpha: float | None = None
     beta_sum: float = 0.0
     num_beta: int = 0
+    min_timed_calls: int = 2
+    timed_seconds: dict = dataclasses.field(default_factory=dict)
+    timed_tokens: dict = dataclasses.field(default_factory=dict)
+    timed_calls: dict = dataclasses.field(default_factory=dict)
 
     @property
     def alpha(self) -> float | None:
@@ -286,15 +302,41 @@ class GammaController:
         return self.prior_alpha
 
     def predictions(self, alpha: float) -> dict[int, float]:
-        """{γ: predicted speedup} for γ = 0..gamma_max."""
+        """{γ: predicted speedup} for γ = 0..gamma_max (cost curve only, no calibration)."""
         return {g: self.curve.predicted_speedup(alpha, g) for g in range(self.curve.gamma_max + 1)}
 
+    def _timed(self, gamma: int) -> bool:
+        return self.timed_calls.get(gamma, 0) >= self.min_timed_calls
+
+    def calibration(self, predicted: Mapping[int, float]) -> float | None:
+        """κ: measured over predicted speedup of the timed γ > 0 (None until enough timing)."""
+        spec = [g for g in self.timed_calls if g > 0 and self._timed(g)]
+        if not spec or not self._timed(0):
+            return None
+        s_per_token_0 = self.timed_seconds[0] / self.timed_tokens[0]
+        ratios = [
+            (s_per_token_0 * self.timed_tokens[g] / self.timed_seconds[g]) / predicted[g]
+            for g in spec
+        ]
+        weights = [self.timed_tokens[g] for g in spec]
+        return float(np.average(ratios, weights=weights))
+
     def choose(self) -> tuple[int, float | None]:
-        """(γ, its predicted speedup): the best γ, 0 when none predicts > 1; (1, None) to probe."""
+        """(γ, its predicted speedup): the best γ, 0 when none predicts > 1; (1, None) to probe.
+
+        Predictions are scaled by `calibration` once available; until then, after a γ > 0 was
+        timed, the baseline is chosen (prediction 1.0) until it is timed too.
+        """
         alpha = self.alpha
         if alpha is None:
             return 1, None
         predicted = self.predictions(alpha)
+        kappa = self.calibration(predicted)
+        if kappa is None:
+            if any(g > 0 and self._timed(g) for g in self.timed_calls):
+                return 0, 1.0  # time the baseline before trusting the prediction
+        else:
+            predicted = {g: (p if g == 0 else p * kappa) for g, p in predicted.items()}
         best = max(predicted, key=lambda g: (predicted[g], -g))  # ties: the smaller γ
         return (best, predicted[best]) if predicted[best] > 1.0 else (0, 1.0)
 
@@ -302,6 +344,20 @@ class GammaController:
         """Adds a call's β (`speculative.SpeculativeStats`, any batch) to the running α."""
         self.beta_sum += float(np.sum(np.asarray(stats.beta_sum)))
         self.num_beta += int(np.sum(np.asarray(stats.num_beta)))
+
+    def observe(self, gamma: int, seconds: float, num_tokens: int) -> None:
+        """Records one timed call of γ: wall-clock `seconds` for `num_tokens` generated tokens.
+
+        Raises:
+          ValueError: negative or non-finite seconds, or num_tokens < 1.
+        """
+        if not np.isfinite(seconds) or seconds < 0 or num_tokens < 1:
+            raise ValueError(
+                f"observe needs seconds >= 0 and num_tokens >= 1; got {seconds!r}, {num_tokens!r}."
+            )
+        self.timed_seconds[gamma] = self.timed_seconds.get(gamma, 0.0) + float(seconds)
+        self.timed_tokens[gamma] = self.timed_tokens.get(gamma, 0) + int(num_tokens)
+        self.timed_calls[gamma] = self.timed_calls.get(gamma, 0) + 1
 
 
 class AutoGammaDecoder:
@@ -408,11 +464,20 @@ class AutoGammaDecoder:
         if "stats" in aux:
             self.controller.update(aux["stats"])
 
+    def observe(self, gamma: int, seconds: float, decodes: Array) -> None:
+        """Feeds a timed call (wall-clock seconds; its int32 [batch, len] decodes) to the controller.
+
+        Generated tokens are the non-padding (non-zero) entries of `decodes`.
+        """
+        self.controller.observe(gamma, seconds, max(int(np.count_nonzero(np.asarray(decodes))), 1))
+
     def __call__(self, batch: Mapping[str, Array], rng: Array):
-        """Chooses γ, decodes, learns; returns (decodes, aux + {'gamma', 'predicted_speedup'})."""
+        """Chooses γ, decodes, learns α and the timing; returns (decodes, aux + γ, prediction)."""
         gamma, predicted = self.choose(batch)
         self.compile(gamma, batch)
-        decodes, aux = self.decode(gamma, batch, rng)
+        start = time.perf_counter()
+        decodes, aux = jax.block_until_ready(self.decode(gamma, batch, rng))
+        self.observe(gamma, time.perf_counter() - start, decodes)
         self.update(aux)
         return decodes, {**aux, "gamma": gamma, "predicted_speedup": predicted}
 

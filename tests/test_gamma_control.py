@@ -56,6 +56,33 @@ def test_controller_probes_then_learns_alpha_from_beta():
     assert controller.choose() == (0, 1.0)  # α = 0.15 with c = 0.3: off
 
 
+def test_controller_corrects_its_prediction_by_measured_speed():
+    """γ > 0 predicted to pay but measured slower than the baseline: the controller switches off."""
+    controller = gamma_control.GammaController(curve(draft_ms=0.2), prior_alpha=0.8)
+    gamma, predicted = controller.choose()
+    assert gamma > 0 and predicted > 1.2  # the cost curve alone says: speculate
+    for _ in range(2):  # γ timed at 2 ms/token (after two calls it wants the baseline timed)
+        controller.observe(gamma, 0.2, 100)
+    assert controller.choose() == (0, 1.0)
+    assert controller.calibration(controller.predictions(0.8)) is None
+    for _ in range(2):  # baseline timed at 1 ms/token: γ measured at 0.5x, not the predicted gain
+        controller.observe(0, 0.1, 100)
+    kappa = controller.calibration(controller.predictions(0.8))
+    assert kappa == pytest.approx(0.5 / predicted)
+    assert controller.choose() == (0, 1.0)
+    # The same γ measured 1.5x faster than the baseline: the controller keeps speculating.
+    fast = gamma_control.GammaController(curve(draft_ms=0.2), prior_alpha=0.8)
+    gamma, predicted = fast.choose()
+    for _ in range(2):
+        fast.observe(gamma, 0.1, 150)
+        fast.observe(0, 0.1, 100)
+    chosen, calibrated = fast.choose()
+    assert chosen > 0 and calibrated > 1.0
+    assert fast.calibration(fast.predictions(0.8)) == pytest.approx(1.5 / predicted)
+    with pytest.raises(ValueError, match="num_tokens"):
+        fast.observe(1, 0.1, 0)
+
+
 BATCH, ENC_LEN, MAX_LEN = 2, 7, 10
 
 
