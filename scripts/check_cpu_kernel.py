@@ -11,7 +11,6 @@ that differ (first differing position). Batch 1, input/target length 64, as the 
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import pathlib
@@ -22,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, cpu_kernel, evaluation, gin_utils, models
+from specdec_t5x import cpu_kernel, evaluation, gin_utils, models, provenance
 
 
 @contextlib.contextmanager
@@ -92,9 +91,9 @@ def main(argv=None) -> dict:
         gamma=args.gamma,
         kernel_isa=cpu_kernel.isa(),
         command=shlex.join(["python", "scripts/check_cpu_kernel.py", *(argv or sys.argv[1:])]),
-        commit=benchmark.git_commit(pathlib.Path(__file__).resolve().parents[1]),
-        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        hardware=evaluation.hardware_description(),
+        commit=provenance.git_commit(),
+        date=provenance.utc_date(),
+        hardware=provenance.hardware_description(),
     )
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -143,10 +143,11 @@ def compare(
                 g, verification = fixed[name]
                 call = functools.partial(runners[verification].decode, g, batch, rng)
             start = time.perf_counter()
-            _, aux = jax.block_until_ready(call())
+            decodes, aux = jax.block_until_ready(call())
             seconds[name].append(time.perf_counter() - start)
             if name in auto:
                 auto[name].update(aux)
+                auto[name].observe(gamma, seconds[name][-1], decodes)  # measured speed
             if "stats" in aux:
                 stats[name].append(jax.tree_util.tree_map(np.asarray, aux["stats"]))
 
