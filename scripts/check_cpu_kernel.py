@@ -10,9 +10,7 @@ that differ (first differing position). Batch 1, input/target length 64, as the 
 """
 
 import argparse
-import contextlib
 import json
-import os
 import pathlib
 import shlex
 import sys
@@ -22,18 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x import cpu_kernel, evaluation, gin_utils, models, provenance
-
-
-@contextlib.contextmanager
-def kernel(on: bool):
-    old = os.environ.get(cpu_kernel.ENV_VAR)
-    os.environ[cpu_kernel.ENV_VAR] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        os.environ.pop(cpu_kernel.ENV_VAR)
-        if old is not None:
-            os.environ[cpu_kernel.ENV_VAR] = old
 
 
 def main(argv=None) -> dict:
@@ -50,7 +36,7 @@ def main(argv=None) -> dict:
     base = models.EncoderDecoderModel(spec_model.module)
     greedy = {"temperature": 0.0, "topk": 0}
     variants = {}
-    with kernel(False):
+    with cpu_kernel.env_setting(False):
         variants["xla"] = (raw_params, None)
     for dtype in ("float32", "bfloat16"):
         variants[f"kernel_{dtype}"] = (
@@ -74,7 +60,9 @@ def main(argv=None) -> dict:
             "decoder_input_tokens": jnp.zeros((1, 64), jnp.int32),
         }
         for name, (tp, dp) in variants.items():
-            with kernel(name != "xla"):  # jit traces on the first call, under this setting
+            with cpu_kernel.env_setting(
+                name != "xla"
+            ):  # jit traces on the first call, under this setting
                 out = base_fn(tp, batch) if dp is None else spec_fn(tp, dp, batch)
             tokens[name].append(np.asarray(out)[0])
     ref = tokens["xla"]

@@ -196,20 +196,6 @@ def paused(pid_file: str | None):
             os.kill(pid, signal.SIGCONT)
 
 
-@contextlib.contextmanager
-def kernel_env(on: bool):
-    """SPECDEC_CPU_KERNEL for the traces made inside (jit traces on the first call)."""
-    old = os.environ.get(cpu_kernel.ENV_VAR)
-    os.environ[cpu_kernel.ENV_VAR] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[cpu_kernel.ENV_VAR]
-        else:
-            os.environ[cpu_kernel.ENV_VAR] = old
-
-
 def measure(name: str, ks, variants, modes) -> dict:
     built = {"after": build(name)}
     if "before" in variants:
@@ -228,7 +214,7 @@ def measure(name: str, ks, variants, modes) -> dict:
             for k in ks:
                 toks = jnp.full((1, k), 3, jnp.int32)
                 thunk = lambda fn=fn, t=toks, p=params, e=enc, c=cache: fn(p, e, c, t, pos)
-                with kernel_env(weight_dtype is not None):
+                with cpu_kernel.env_setting(weight_dtype is not None):
                     jax.block_until_ready(thunk())  # traces (and compiles) under that setting
                 calls[(variant, mode, k)] = (thunk, steps)
     with paused(ARGS.pause_pid_file):
@@ -314,7 +300,7 @@ def breakdown(name: str, ks) -> dict:
     for k in (ks[0], ks[-1]):
         fn = make_fn(module, "loop", None)
         args = (params, enc, cache, jnp.full((1, k), 3, jnp.int32), pos)
-        with kernel_env(False):  # XLA's own dots (the categories below are XLA thunks)
+        with cpu_kernel.env_setting(False):  # XLA's own dots (the categories below are XLA thunks)
             labels = _instruction_labels(fn.lower(*args).compile().as_text())
             jax.block_until_ready(fn(*args))
         with tempfile.TemporaryDirectory() as tmp:

@@ -23,6 +23,7 @@ parameters unchanged and every projection stays `jnp.dot` (logged once).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib.machinery
@@ -41,6 +42,25 @@ PANEL = 32  # output columns per packed panel
 PACKED_NAME = "kernel_packed"  # parameter name of a packed Dense kernel
 WEIGHT_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ENV_VAR = "SPECDEC_CPU_KERNEL"  # "0" turns the kernel off
+
+
+@contextlib.contextmanager
+def env_setting(on: bool):
+    """Sets SPECDEC_CPU_KERNEL inside the block and restores the previous value after it.
+
+    The setting is read when a function is traced, so it applies to jit traces made inside.
+    """
+    old = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[ENV_VAR]
+        else:
+            os.environ[ENV_VAR] = old
+
+
 _TARGET = "specdec_matmul"
 _PACK_TARGET = "specdec_pack"
 _ISAS = {"portable": 0, "avx2+fma": 1, "avx512f": 2}
