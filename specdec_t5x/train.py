@@ -206,6 +206,50 @@ class _Checkpoints:
         self.manager.close()
 
 
+def export_checkpoint(
+    run_dir: str | os.PathLike,
+    export_path: str | os.PathLike,
+    step: int | None = None,
+    export_dtype: Any = jnp.bfloat16,
+) -> tuple[pathlib.Path, int]:
+    """Writes the parameters of one of `train`'s orbax checkpoints as an embedded params file.
+
+    What `train(export_path=...)` does at the end of a run, for a checkpoint taken mid-run (to
+    measure a model while it still trains, or to ship the best step). The optimizer state is not
+    read into a template: the checkpoint is restored as a plain tree and only `params` is kept.
+
+    Args:
+      run_dir: the run folder given to `train` (holds `checkpoints/`).
+      export_path: msgpack file to write (`embedded.save_params`).
+      step: which checkpoint; None = the latest.
+      export_dtype: storage dtype of floating leaves (bfloat16 halves the size of float32).
+
+    Returns:
+      (path written, step exported).
+
+    Raises:
+      FileNotFoundError: `run_dir` holds no checkpoint (or not `step`).
+    """
+    directory = pathlib.Path(run_dir) / "checkpoints"
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no checkpoints folder in run_dir {str(run_dir)!r}.")
+    manager = ocp.CheckpointManager(directory.absolute(), item_names=("state", "data"))
+    try:
+        steps = sorted(manager.all_steps())
+        if step is None and steps:
+            step = steps[-1]
+        if step not in steps:
+            raise FileNotFoundError(
+                f"no checkpoint of step {step!r} in {str(directory)!r}; has {steps}."
+            )
+        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    finally:
+        manager.close()
+    state = restored["state"]
+    params = state["params"] if isinstance(state, Mapping) else state[1]
+    return embedded.save_params(params, export_path, export_dtype), int(step)
+
+
 def _window_record(host: list[tuple[str, dict]], per_source: bool) -> dict[str, float]:
     """Means of a logging window's step metrics; per batch source too (`alpha_draft_t1`, ...)."""
     record = {k: float(np.mean([m[k] for _, m in host])) for k in host[0][1]}

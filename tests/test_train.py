@@ -142,7 +142,20 @@ def test_train_lowers_loss_and_resumes(tmp_path):
     assert final["num_steps"] == 60 and final["loss"] < first["loss"]
     assert final["num_test_examples"] == 16
     assert (tmp_path / "run" / "test_predictions.jsonl").is_file()
-    assert embedded.load_params(path=tmp_path / "export" / "params.msgpack") is not None
+    exported = embedded.load_params(path=tmp_path / "export" / "params.msgpack")
+    # A mid-run checkpoint exports to the same file format; the last one equals train's export.
+    path, step = train.export_checkpoint(tmp_path / "run", tmp_path / "ckpt" / "params.msgpack")
+    assert step == 60
+    from_checkpoint = embedded.load_params(path=path)
+    assert jax.tree_util.tree_structure(from_checkpoint) == jax.tree_util.tree_structure(exported)
+    for a, b in zip(
+        jax.tree_util.tree_leaves(from_checkpoint), jax.tree_util.tree_leaves(exported), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(FileNotFoundError, match="step 7"):
+        train.export_checkpoint(tmp_path / "run", tmp_path / "x.msgpack", step=7)
+    with pytest.raises(FileNotFoundError, match="no checkpoints"):
+        train.export_checkpoint(tmp_path / "nowhere", tmp_path / "x.msgpack")
 
 
 @pytest.fixture

@@ -1,0 +1,33 @@
+"""Exports the parameters of a training checkpoint (`scripts/train.py`'s orbax folder) as msgpack.
+
+    python scripts/export_checkpoint.py --run_dir=train_runs/embedded_ende_target \
+        --out=/tmp/target/params.msgpack [--step=1200] [--dtype=bfloat16]
+
+The file loads with `--gin.TARGET_PARAMS_PATH=...` / `--gin.DRAFT_PARAMS_PATH=...` (or
+`embedded.load_params(path=...)`), as the export `train` writes at the end of a run does.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax.numpy as jnp
+
+from specdec_t5x import train
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run_dir", required=True, help="the run folder (holds checkpoints/)")
+    parser.add_argument("--out", required=True, help="msgpack file to write")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    args = parser.parse_args(argv)
+    path, step = train.export_checkpoint(
+        args.run_dir, args.out, step=args.step, export_dtype=jnp.dtype(args.dtype)
+    )
+    print(f"exported step {step} of {args.run_dir} to {path}")
+
+
+if __name__ == "__main__":
+    main()
