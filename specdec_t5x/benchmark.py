@@ -15,10 +15,14 @@ machine noise hits all three alike; the median of the rounds is reported.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import pathlib
+import signal
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -153,12 +157,12 @@ def measure_step_costs(
 
 
 def time_interleaved(
-    calls: Mapping[str, Callable[[], Any]], repeats: int, warmup: int = 3
-) -> dict[str, list[float]]:
+    calls: Mapping[Hashable, Callable[[], Any]], repeats: int, warmup: int = 3
+) -> dict[Hashable, list[float]]:
     """Milliseconds per call: compiled and warmed up first, then rounds in rotating order.
 
     Args:
-      calls: name -> zero-argument function returning arrays (blocked on with
+      calls: name (any hashable key) -> zero-argument function returning arrays (blocked on with
         `jax.block_until_ready`).
       repeats: timed rounds; each round times every call once.
       warmup: untimed rounds after the first (compiling) one.
@@ -168,7 +172,7 @@ def time_interleaved(
     """
     names = list(calls)
 
-    def run(name: str) -> float:
+    def run(name: Hashable) -> float:
         start = time.perf_counter()
         jax.block_until_ready(calls[name]())
         return (time.perf_counter() - start) * 1e3
@@ -176,11 +180,25 @@ def time_interleaved(
     for _ in range(warmup + 1):  # the first round compiles
         for name in names:
             run(name)
-    samples: dict[str, list[float]] = {name: [] for name in names}
+    samples: dict[Hashable, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             samples[name].append(run(name))
     return samples
+
+
+@contextlib.contextmanager
+def paused(pid_file: str | os.PathLike | None) -> Iterator[None]:
+    """SIGSTOPs the process whose id is in `pid_file` (e.g. a background training job) inside the
+    block and SIGCONTs it after, whatever happens; does nothing when `pid_file` is None."""
+    pid = int(pathlib.Path(pid_file).read_text().strip()) if pid_file else None
+    if pid:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGCONT)
 
 
 def time_decoder_steps(

@@ -1,7 +1,7 @@
 """Where a result came from: commit, hardware, date and command, written beside every result.
 
 One module, one rule, used by the eval job (`evaluation`), the benchmarks (`scripts/measure_c.py`,
-`scripts/bench_vs_hf.py`, `scripts/profile_verify.py`), the train script and the corpus builder.
+`scripts/bench_vs_hf.py`, `verify_cost`), the train script and the corpus builder.
 
 The "dirty" rule: a commit is reported as `<sha>-dirty` when *tracked* files outside the run-output
 folders `results/` and `runs/` differ from HEAD. Untracked files and regenerated results do not
@@ -72,6 +72,23 @@ def hardware_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "load_average": list(os.getloadavg()),  # other work on the machine skews timings
     }
+
+
+def cpu_details() -> dict[str, Any]:
+    """What matters for CPU kernels, beside `hardware_info()`: threads per core, cache sizes, SIMD
+    flags (lscpu), this process's CPU affinity and `XLA_FLAGS`."""
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        lscpu = ""
+    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+    keep = ("Thread(s) per core", "L1d cache", "L2 cache", "L3 cache")
+    details: dict[str, Any] = {k: fields[k].strip() for k in keep if k in fields}
+    flags = fields.get("Flags", "").split()
+    details["simd"] = " ".join(f for f in flags if f in ("avx2", "fma", "avx512f", "avx512_bf16"))
+    details["affinity"] = sorted(os.sched_getaffinity(0))
+    details["xla_flags"] = os.environ.get("XLA_FLAGS", "")
+    return details
 
 
 def hardware_description(hw: dict[str, Any] | None = None) -> str:
