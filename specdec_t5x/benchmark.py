@@ -82,7 +82,8 @@ def count_params(params: Any) -> int:
     return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
 
 
-def _config_dict(config: network.T5Config) -> dict[str, Any]:
+def config_dict(config: network.T5Config) -> dict[str, Any]:
+    """`config` as JSON-ready values (dtype by name, activations as a list)."""
     out = dataclasses.asdict(config)
     out["dtype"] = jnp.dtype(config.dtype).name
     out["mlp_activations"] = list(config.mlp_activations)
@@ -149,8 +150,8 @@ def measure_step_costs(
         warmup=warmup,
         target_params=count_params(target.params),
         draft_params=count_params(draft.params),
-        target_config=_config_dict(target_config),
-        draft_config=_config_dict(draft_config),
+        target_config=config_dict(target_config),
+        draft_config=config_dict(draft_config),
         jax_backend=jax.default_backend(),
     )
     return result
