@@ -10,6 +10,7 @@ Several processes (`multihost`): add T5X's `--coordinator_address=HOST:PORT --pr
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -17,17 +18,41 @@ from collections.abc import Sequence
 
 import gin
 
-from specdec_t5x import evaluation, gin_utils, multihost, provenance, reports
+from specdec_t5x import (
+    decoding,
+    evaluation,
+    gin_utils,
+    multihost,
+    provenance,
+    reports,
+    speculative,
+)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (imported by seqio) is chatty
 
-# Sampler parameters the job passes per call (from GAMMA / TEMPERATURE / TOPK / TOPP through
-# `evaluation.evaluate`); binding them in gin would be silently overridden, so it is an error.
+
+def _parameters(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+# Every argument of the two samplers is set by the job: GAMMA / TEMPERATURE / TOPK / TOPP / SEED /
+# TARGET_LEN through `evaluation.evaluate`, the rest by the models per call (T5X's keywords) or left
+# at their defaults for baseline and speculative decoding alike (token verification, no early exit:
+# block verification and early exit are compared by scripts/gamma_control_table.py). A gin binding
+# of any of them would be overridden, or would change one decoder or one row only, so it is an error.
 PER_CALL_PARAMETERS = [
-    *(f"speculative.speculative_sample.{p}" for p in ("gamma", "temperature", "topk", "topp")),
-    *(f"decoding.temperature_sample.{p}" for p in ("temperature", "topk", "topp")),
+    *(f"speculative.speculative_sample.{p}" for p in _parameters(speculative.speculative_sample)),
+    *(f"decoding.temperature_sample.{p}" for p in _parameters(decoding.temperature_sample)),
+    *(
+        f"models.{m}.default_decoder_params"
+        for m in ("EncoderDecoderModel", "SpeculativeEncoderDecoderModel")
+    ),
 ]
-PER_CALL_ROUTE = "the GAMMA / TEMPERATURE / TOPK / TOPP macros (e.g. --gin.GAMMA=3)"
+PER_CALL_ROUTE = (
+    "the GAMMA / TEMPERATURE / TOPK / TOPP / SEED / TARGET_LEN macros (e.g. --gin.GAMMA=3); every "
+    "row verifies token by token without early exit (block verification and early exit: "
+    "scripts/gamma_control_table.py)"
+)
 
 
 def parse_config(files: Sequence[str], bindings: Sequence[str], finalize: bool = True) -> None:

@@ -107,20 +107,8 @@ def rouge_mean(
     score_keys: Sequence[str] = ("rouge1", "rouge2", "rougeLsum"),
     **kwargs,
 ) -> dict[str, float]:
-    """Computes rouge score deterministically (no bootstrap): the mean F-measure × 100.
-
-    Args:
-      targets: list of strings.
-      predictions: list of strings.
-      score_keys: list of strings with the keys to compute.
-      **kwargs: additional keyword arguments for RougeScorer.
-
-    Returns:
-      dict with score_key: mean rouge F-measure × 100 across all targets and predictions.
-
-    Raises:
-      ValueError: targets and predictions differ in length.
-    """
+    """`rouge` without the bootstrap, so reruns agree: {score_key: mean F-measure × 100 over the
+    (target, prediction) pairs}. Same arguments and errors as `rouge`."""
     totals: dict[str, float] = {key: 0.0 for key in score_keys}
     for scores in _pair_scores(targets, predictions, score_keys, **kwargs):
         for key in score_keys:

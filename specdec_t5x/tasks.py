@@ -143,45 +143,38 @@ def summary_rouge(targets: list[str], predictions: list[str]) -> dict[str, float
     return metrics.rouge_mean(targets, predictions, score_keys=SUMMARY_ROUGE_KEYS)
 
 
-def _add_task(name: str, **kwargs) -> seqio.Task:
-    seqio.TaskRegistry.remove(name)  # Safe to re-register (re-import, reload).
-    return seqio.TaskRegistry.add(name, **kwargs)
-
-
-def _preprocessors(preprocess) -> list:
-    return [
+def _add_task(name: str, source, preprocess, output_features, metric_fn) -> seqio.Task:
+    """Registers (or re-registers, on re-import or reload) a text-to-text task: `preprocess` maps
+    raw examples to {'inputs', 'targets'} text, then tokenization and EOS as in T5's tasks."""
+    seqio.TaskRegistry.remove(name)
+    preprocessors = [
         preprocess,
         seqio.preprocessors.tokenize,
         seqio.CacheDatasetPlaceholder(),
         seqio.preprocessors.append_eos_after_trim,
     ]
+    return seqio.TaskRegistry.add(
+        name,
+        source=source,
+        preprocessors=preprocessors,
+        output_features=output_features,
+        metric_fns=[metric_fn],
+    )
+
+
+_EN_DE = functools.partial(translate, source_language="en", target_language="de")
+
+
+def _corpus_source(corpus: str) -> seqio.FunctionDataSource:
+    return seqio.FunctionDataSource(functools.partial(read_corpus, corpus), splits=corpora.SPLITS)
 
 
 def register_debian_tasks(vocabulary: seqio.Vocabulary | None = None) -> None:
     """Registers `ddtp_ende` and `debian_summarize` (project vocabulary when None)."""
     features = output_features(vocabulary or vocab.get_vocabulary())
-    _add_task(
-        DDTP_TASK,
-        source=seqio.FunctionDataSource(
-            functools.partial(read_corpus, corpora.DDTP), splits=corpora.SPLITS
-        ),
-        preprocessors=_preprocessors(
-            functools.partial(translate, source_language="en", target_language="de")
-        ),
-        output_features=features,
-        metric_fns=[metrics.bleu],
-    )
-    _add_task(
-        SUMMARIZE_TASK,
-        source=seqio.FunctionDataSource(
-            functools.partial(read_corpus, corpora.SUMMARIZE), splits=corpora.SPLITS
-        ),
-        preprocessors=_preprocessors(
-            functools.partial(summarize, article_key="document", summary_key="synopsis")
-        ),
-        output_features=features,
-        metric_fns=[summary_rouge],
-    )
+    _add_task(DDTP_TASK, _corpus_source(corpora.DDTP), _EN_DE, features, metrics.bleu)
+    synopsis = functools.partial(summarize, article_key="document", summary_key="synopsis")
+    _add_task(SUMMARIZE_TASK, _corpus_source(corpora.SUMMARIZE), synopsis, features, summary_rouge)
 
 
 def t5_vocabulary() -> seqio.Vocabulary:
@@ -198,24 +191,11 @@ def register_t5_paper_tasks(vocabulary: seqio.Vocabulary | None = None) -> None:
         gs://t5-data is reachable, to evaluate T5's released checkpoints.
     """
     features = output_features(vocabulary or t5_vocabulary())
-    _add_task(
-        WMT_TASK,
-        source=seqio.TfdsDataSource(tfds_name="wmt_t2t_translate/de-en:1.0.0"),
-        preprocessors=_preprocessors(
-            functools.partial(translate, source_language="en", target_language="de")
-        ),
-        output_features=features,
-        metric_fns=[metrics.bleu],
-    )
-    _add_task(
-        CNN_DM_TASK,
-        source=seqio.TfdsDataSource(tfds_name="cnn_dailymail:3.4.0"),
-        preprocessors=_preprocessors(
-            functools.partial(summarize, article_key="article", summary_key="highlights")
-        ),
-        output_features=features,
-        metric_fns=[metrics.rouge],
-    )
+    wmt = seqio.TfdsDataSource(tfds_name="wmt_t2t_translate/de-en:1.0.0")
+    _add_task(WMT_TASK, wmt, _EN_DE, features, metrics.bleu)
+    cnn_dm = seqio.TfdsDataSource(tfds_name="cnn_dailymail:3.4.0")
+    highlights = functools.partial(summarize, article_key="article", summary_key="highlights")
+    _add_task(CNN_DM_TASK, cnn_dm, highlights, features, metrics.rouge)
 
 
 register_debian_tasks()

@@ -1,7 +1,9 @@
 """The main job end to end on the tiny random pair, and the gin experiment files."""
 
+import inspect
 import json
 import pathlib
+import re
 
 import gin
 import jax
@@ -9,7 +11,16 @@ import jax.numpy as jnp
 import pytest
 from conftest import init_params, perturbed, tiny_config
 
-from specdec_t5x import drafts, evaluation, gin_utils, models, network, reports, vocab
+from specdec_t5x import (
+    drafts,
+    evaluation,
+    gin_utils,
+    models,
+    network,
+    reports,
+    speculative,
+    vocab,
+)
 
 REQUIRED_KEYS = (
     "task split num_examples gamma temperature topk topp draft speedup alpha_counted alpha_beta "
@@ -27,21 +38,24 @@ def tiny_pair():
     return models.SpeculativeEncoderDecoderModel(module, draft, vocabulary, vocabulary), params
 
 
+def _evaluate_tiny(tiny_pair, out, **kwargs):
+    """`evaluation.evaluate` of the tiny pair on DDTP En-De, inputs 32 and outputs 12 tokens long."""
+    spec_model, params = tiny_pair
+    return evaluation.evaluate(
+        spec_model, params, "ddtp_ende", str(out), input_len=32, target_len=12, **kwargs
+    )
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, temperature):
-    spec_model, params = tiny_pair
     out = tmp_path / "out"
-    metrics = evaluation.evaluate(
-        spec_model,
-        params,
-        "ddtp_ende",
-        str(out),
+    metrics = _evaluate_tiny(
+        tiny_pair,
+        out,
         gamma=3,
         gammas=[1],
         temperature=temperature,
         num_examples=3,
-        input_len=32,
-        target_len=12,
         cost_repeats=3,
         draft_name="perturbed-tiny",
     )
@@ -65,19 +79,14 @@ def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, 
 
 
 def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path):
-    spec_model, params = tiny_pair
     out = tmp_path / "out"
-    metrics = evaluation.evaluate(
-        spec_model,
-        params,
-        "ddtp_ende",
-        str(out),
+    metrics = _evaluate_tiny(
+        tiny_pair,
+        out,
         gamma=1,
         gammas=["auto"],
         temperature=0.0,
         num_examples=2,
-        input_len=32,
-        target_len=12,
         cost_repeats=2,
         auto_gamma_max=2,
     )
@@ -91,7 +100,7 @@ def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path)
     off = {**metrics, **auto, "gamma": "auto", "gamma_chosen": {"0": 2}, "alpha_display": "off"}
     assert "| auto (off×2) | off |" in reports.table_row(off)
     with pytest.raises(ValueError, match="'auto'"):
-        evaluation.evaluate(spec_model, params, "ddtp_ende", str(out), gamma="5", temperature=0.0)
+        evaluation.evaluate(*tiny_pair, "ddtp_ende", str(out), gamma="5", temperature=0.0)
 
 
 def test_near_tie_report_names_position_and_gap(tiny_pair):
@@ -195,6 +204,32 @@ def test_paper_row_end_to_end_on_synthetic_checkpoints_and_mock_tfds(tmp_path, m
     assert (out / "operative_config.gin").read_text().count("TARGET_CHECKPOINT") >= 1
 
 
+@pytest.mark.parametrize(
+    "selector",
+    [
+        f"speculative.speculative_sample.{p}"
+        for p in inspect.signature(speculative.speculative_sample).parameters
+    ]
+    + [
+        f"models.{m}.default_decoder_params"
+        for m in ("EncoderDecoderModel", "SpeculativeEncoderDecoderModel")
+    ],
+)
+def test_binding_any_sampler_argument_is_an_error_naming_the_route(selector):
+    """The job sets every sampler argument itself (macros, per-call keywords, or the same default
+    for every row), so a binding of one would be overridden or apply to some rows only."""
+    from specdec_t5x import eval as eval_main
+
+    gin.clear_config(clear_constants=True)
+    try:
+        with pytest.raises(ValueError, match=rf"{re.escape(selector)} = 1.*would be ignored: set"):
+            eval_main.parse_config(
+                ["gin/experiments/embedded_ende_source_copy_t0.gin"], [f"{selector} = 1"], False
+            )
+    finally:
+        gin.clear_config(clear_constants=True)
+
+
 def _run_eval_job(tmp_path, name, bindings):
     from specdec_t5x import eval as eval_main
 
@@ -213,20 +248,25 @@ def _run_eval_job(tmp_path, name, bindings):
 
 
 def test_every_gin_decoding_setting_reaches_the_decoders_or_errors(data_dir, tmp_path, monkeypatch):
-    """GAMMA, TEMPERATURE, TOPK and TOPP each change the decoded tokens or statistics of the eval
-    job; bindings the job would override (the samplers' own parameters) and typos are errors."""
+    """GAMMA, GAMMAS, TEMPERATURE, TOPK, TOPP and SEED each change the decoded tokens or statistics
+    of the eval job; bindings the job would override (the samplers' own parameters) and typos are
+    errors (`test_gin` checks every sampler parameter is rejected)."""
     costs = {"c": 0.1, "verify_cost_ratio": 1.0}
     monkeypatch.setattr(evaluation, "measure_step_costs", lambda *args, **kwargs: costs)
     greedy, greedy_tokens = _run_eval_job(tmp_path, "greedy", [])
     assert greedy["gamma"] == 3 and len(greedy["accept_histogram"]) == 4  # the experiment's γ
     assert all(b == s for b, s in greedy_tokens)  # argmax mode: speculative == baseline
+    assert set(greedy["gamma_sweep"]) == {"3"}
 
-    gamma2, gamma2_tokens = _run_eval_job(tmp_path, "gamma2", ["GAMMA=2"])
+    gamma2, gamma2_tokens = _run_eval_job(tmp_path, "gamma2", ["GAMMA=2", "GAMMAS=[3]"])
     assert gamma2["gamma"] == 2 and len(gamma2["accept_histogram"]) == 3  # statistics change
+    assert set(gamma2["gamma_sweep"]) == {"2", "3"}  # GAMMAS adds a timed row
     assert gamma2_tokens == greedy_tokens
 
     sampled, sampled_tokens = _run_eval_job(tmp_path, "t1", ["TEMPERATURE=1.0"])
     assert sampled["temperature"] == 1.0 and sampled_tokens != greedy_tokens
+    _, seed1_tokens = _run_eval_job(tmp_path, "t1_seed1", ["TEMPERATURE=1.0", "SEED=1"])
+    assert seed1_tokens != sampled_tokens
     # At T = 1, top-1 and a tiny nucleus keep only the argmax: the greedy tokens come back.
     for name, binding in (("topk1", "TOPK=1"), ("topp", "TOPP=0.001")):
         metrics, tokens = _run_eval_job(tmp_path, name, ["TEMPERATURE=1.0", binding])
@@ -236,6 +276,7 @@ def test_every_gin_decoding_setting_reaches_the_decoders_or_errors(data_dir, tmp
     for binding, match in (
         ("speculative.speculative_sample.gamma=3", "would be ignored: set the GAMMA"),
         ("speculative.speculative_sample.temperature=1.0", "would be ignored"),
+        ("speculative.speculative_sample.verification='block'", "would be ignored"),
         ("GAMA=3", r"GAMA \(did you mean GAMMA"),
         ("TOPK=-1", "topk must be a non-negative int"),
     ):

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import encoder_inputs
+from conftest import encoder_inputs, tiny_config
 
 from specdec_t5x import models, network
 
@@ -51,18 +51,8 @@ def flat_names(tree) -> dict[str, tuple]:
 @pytest.mark.parametrize("size", sorted(T5X_SIZES))
 def test_param_tree_and_counts_match_t5x(size):
     emb, heads, enc, dec, head_dim, mlp, expected = T5X_SIZES[size]
-    cfg = network.T5Config(
-        vocab_size=32128,
-        dtype=jnp.bfloat16,
-        emb_dim=emb,
-        num_heads=heads,
-        num_encoder_layers=enc,
-        num_decoder_layers=dec,
-        head_dim=head_dim,
-        mlp_dim=mlp,
-        mlp_activations=("gelu", "linear"),
-        dropout_rate=0.0,
-    )
+    shape = dict(emb_dim=emb, num_heads=heads, num_encoder_layers=enc, num_decoder_layers=dec)
+    cfg = tiny_config(32128, dtype=jnp.bfloat16, head_dim=head_dim, mlp_dim=mlp, **shape)
     module = network.Transformer(cfg)
     ones = jnp.ones((1, 4), jnp.int32)
     shapes = jax.eval_shape(

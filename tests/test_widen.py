@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_config
 
 from specdec_t5x import models, network, widen
 
@@ -14,18 +15,8 @@ VOCAB = 32
 
 
 def _config(d, h, k, m, enc, dec, **kwargs):
-    return network.T5Config(
-        vocab_size=VOCAB,
-        emb_dim=d,
-        num_heads=h,
-        head_dim=k,
-        mlp_dim=m,
-        num_encoder_layers=enc,
-        num_decoder_layers=dec,
-        mlp_activations=("gelu", "linear"),
-        dropout_rate=0.0,
-        **kwargs,
-    )
+    sizes = dict(emb_dim=d, num_heads=h, head_dim=k, mlp_dim=m)
+    return tiny_config(VOCAB, **sizes, num_encoder_layers=enc, num_decoder_layers=dec, **kwargs)
 
 
 def _params(config, seed=0):
