@@ -12,7 +12,7 @@ everything else here is a small piece it is built from and that tests call direc
   the target at the eval temperatures (`distill.MixedBatches`; DistillSpec, Zhou et al., 2024).
 * State: `TrainState` (step, params, optax state) in an orbax `CheckpointManager` together with the
   data position(s) and the wall time spent, so a killed run resumes where its last checkpoint left
-  off and replays the same batches.
+  off and replays the same batches (`train_checkpoints`; `export_checkpoint` exports one mid-run).
 * Monitoring: tqdm bar (loss, non-padding input + target tokens/s); `metrics.jsonl` in the run
   folder (training loss every `log_every` steps, with teacher-forced alpha per batch source when
   distilling; validation loss and greedy-decode BLEU or ROUGE every `eval_every`); curves and
@@ -35,10 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 import tqdm
 
-from specdec_t5x import distill, embedded, models
+from specdec_t5x import distill, embedded, models, train_checkpoints
 from specdec_t5x.data import packing
 from specdec_t5x.data.packing import (  # noqa: F401  (re-exported: gin files and tests use them)
     PackedBatches,
@@ -63,6 +62,7 @@ from specdec_t5x.train_eval import (  # noqa: F401  (re-exported: scripts and te
 Array = jax.Array
 Batch = dict[str, np.ndarray]
 logger = logging.getLogger(__name__)
+export_checkpoint = train_checkpoints.export_checkpoint  # re-exported: scripts and tests use it
 
 # ----------------------------------------------------------------------------------------------
 # Optimisation.
@@ -171,83 +171,6 @@ def make_train_step(
 def _append_jsonl(path: pathlib.Path, record: Mapping[str, Any]) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
-
-
-class _Checkpoints:
-    """Orbax checkpoints of a `TrainState` plus the data position and training wall time."""
-
-    def __init__(self, directory: pathlib.Path, keep: int):
-        self.manager = ocp.CheckpointManager(
-            directory.absolute(),
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
-            item_names=("state", "data"),
-        )
-
-    def restore(self, state: TrainState, stream) -> tuple[TrainState, float]:
-        """The latest checkpoint (state shaped like `state`; `stream` repositioned), or as is."""
-        step = self.manager.latest_step()
-        if step is None:
-            return state, 0.0
-        args = ocp.args.Composite(
-            state=ocp.args.StandardRestore(state), data=ocp.args.JsonRestore()
-        )
-        restored = self.manager.restore(step, args=args)
-        stream.restore(restored["data"])
-        logger.info("Resumed from step %d (%s)", step, restored["data"])
-        return restored["state"], float(restored["data"]["elapsed_s"])
-
-    def save(self, state: TrainState, stream, elapsed_s: float) -> None:
-        data = {**stream.state(), "elapsed_s": elapsed_s}
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data))
-        self.manager.save(int(state.step), args=args)
-
-    def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
-
-
-def export_checkpoint(
-    run_dir: str | os.PathLike,
-    export_path: str | os.PathLike,
-    step: int | None = None,
-    export_dtype: Any = jnp.bfloat16,
-) -> tuple[pathlib.Path, int]:
-    """Writes the parameters of one of `train`'s orbax checkpoints as an embedded params file.
-
-    What `train(export_path=...)` does at the end of a run, for a checkpoint taken mid-run (to
-    measure a model while it still trains, or to ship the best step). The optimizer state is not
-    read into a template: the checkpoint is restored as a plain tree and only `params` is kept.
-
-    Args:
-      run_dir: the run folder given to `train` (holds `checkpoints/`).
-      export_path: msgpack file to write (`embedded.save_params`).
-      step: which checkpoint; None = the latest.
-      export_dtype: storage dtype of floating leaves (bfloat16 halves the size of float32).
-
-    Returns:
-      (path written, step exported).
-
-    Raises:
-      FileNotFoundError: `run_dir` holds no checkpoint (or not `step`).
-    """
-    directory = pathlib.Path(run_dir) / "checkpoints"
-    if not directory.is_dir():
-        raise FileNotFoundError(f"no checkpoints folder in run_dir {str(run_dir)!r}.")
-    manager = ocp.CheckpointManager(directory.absolute(), item_names=("state", "data"))
-    try:
-        steps = sorted(manager.all_steps())
-        if step is None and steps:
-            step = steps[-1]
-        if step not in steps:
-            raise FileNotFoundError(
-                f"no checkpoint of step {step!r} in {str(directory)!r}; has {steps}."
-            )
-        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-    finally:
-        manager.close()
-    state = restored["state"]
-    params = state["params"] if isinstance(state, Mapping) else state[1]
-    return embedded.save_params(params, export_path, export_dtype), int(step)
 
 
 def _window_record(host: list[tuple[str, dict]], per_source: bool) -> dict[str, float]:
@@ -397,7 +320,7 @@ def train(
         shapes = {"encoder_input_tokens": (1, max_input_len), "decoder_input_tokens": (1, 8)}
         init_params = model.get_initial_variables(init_rng, shapes)["params"]
     state = TrainState(jnp.asarray(0, jnp.int32), init_params, optimizer.init(init_params))
-    checkpoints = _Checkpoints(run_dir / "checkpoints", keep_checkpoints)
+    checkpoints = train_checkpoints.TrainCheckpoints(run_dir / "checkpoints", keep_checkpoints)
     state, elapsed_s = checkpoints.restore(state, stream)
     train_step = make_train_step(model, optimizer, dropout, distill_from, distill_divergence)
     eval_loss = make_eval_loss(model)
