@@ -5,7 +5,7 @@ every speculative variant, interleaved example by example (the order rotates eac
 machine noise hits all variants alike), each call compiled beforehand and timed with
 `block_until_ready`, and reports per variant: tokens per iteration, α (Corollary 3.6 β estimate),
 the measured speedup (total baseline seconds / total variant seconds, with the spread of the
-per-example ratios) and the predicted speedup (`gamma_control.CostCurve.predicted_speedup`, i.e.
+per-example ratios) and the predicted speedup (`cost_curve.CostCurve.predicted_speedup`, i.e.
 `theory.measured_walltime_improvement` on the measured cost curve, at the measured α; for auto rows
 the prediction for the γ chosen last; for block rows it is Eq. 1's token-verification count, a
 lower bound). Auto rows also report the γ they
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import gamma_control, provenance
+from specdec_t5x import cost_curve, gamma_control, provenance
 
 
 def _stats_sums(stats_list) -> dict[str, float]:
@@ -105,7 +105,7 @@ def compare(
             }
         )
     first = batches[0]
-    curve = gamma_control.measure_cost_curve(
+    curve = cost_curve.measure_cost_curve(
         spec_model,
         target_params,
         draft_params,

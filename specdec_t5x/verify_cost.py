@@ -10,8 +10,8 @@ Random weights (timing does not depend on their values), batch 1, encoder length
 * `loop`: --loop_steps block steps inside one `lax.fori_loop` with the cache as loop carry (in-place
   cache updates, no per-call dispatch: how the samplers run). The step's tokens depend on the carry
   and the full logits are consumed, so XLA can neither hoist nor slice away any work.
-* `single`: one jitted step call returning only the logits (what `benchmark.measure_step_costs`
-  times without a loop): adds Python dispatch and thread hand-off to every call.
+* `single`: one jitted step call returning only the logits: adds Python dispatch and thread
+  hand-off to every call (why `benchmark.time_decoder_steps` times steps inside a loop).
 * `single_cache`: one jitted step call that also returns the updated cache (copies it).
 
 Calls are interleaved in rotating order (`benchmark.time_interleaved`); each round's time is divided
