@@ -40,28 +40,9 @@ def param_bytes(params: Any) -> int:
 # (a) Step costs.
 
 
-def _looped_step(module, steps_per_call: int):
-    """jit((params, enc, tokens [b, k], positions [b], cache) -> (total, cache)) running
-    `steps_per_call` cached decoder calls in a `fori_loop` (cache as carry)."""
-
-    def run(params, enc, tokens, positions, cache):
-        step = models.make_block_step(module, params, enc)
-
-        def body(_, carry):
-            cache, total = carry
-            logits, cache = step(tokens, positions, cache)
-            return cache, total + logits[:, -1, 0]
-
-        total = jnp.zeros((tokens.shape[0],), jnp.float32)
-        cache, total = jax.lax.fori_loop(0, steps_per_call, body, (cache, total))
-        return total, cache
-
-    return jax.jit(run, donate_argnums=(4,))
-
-
 def _chained_call(fn, params, enc, tokens, positions, caches, key):
     """One timed call of a looped step; its cache becomes the next call's (`caches[key]`)."""
-    total, caches[key] = fn(params, enc, tokens, positions, caches[key])
+    total, caches[key] = fn((params, enc), tokens, positions, caches[key])
     return total
 
 
@@ -85,7 +66,7 @@ def step_costs(models_, enc_tokens, s, budget) -> dict[str, Any]:
             cache = jax.jit(lambda p, e, m=module: steps.prepare_cache(m, p, e, max_len))(
                 params, enc
             )
-            fn = _looped_step(module, s["steps_per_call"])
+            fn = benchmark.looped_steps(benchmark.decoder_step(module), s["steps_per_call"])
             for k in s["ks"] if name == "target" else (1,):
                 key = f"{name}_k{k}"
                 caches[key] = jax.tree_util.tree_map(jnp.copy, cache)

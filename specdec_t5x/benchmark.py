@@ -51,11 +51,20 @@ def _random_decoder(config: network.T5Config, batch: int, enc_len: int, max_len:
     def new_cache(params, tokens):
         return steps.prepare_cache(module, params, tokens, max_len)
 
+    cache = jax.jit(new_cache)(params, tokens)
+    return _Decoder(params, tokens, cache, jax.jit(decoder_step(module), donate_argnums=(4,)))
+
+
+def decoder_step(module: network.Transformer) -> Callable[..., Any]:
+    """`steps.make_block_step` of `module` with the parameters and encoder tokens as arguments:
+    `(params, encoder_input_tokens int32 [b, enc_len], tokens int32 [b, k], positions int32 [b],
+    cache) -> (logits float32 [b, k, vocab], cache)`, so timed jitted calls take them as inputs
+    rather than baking them in as constants."""
+
     def step(params, encoder_input_tokens, tokens, positions, cache):
         return steps.make_block_step(module, params, encoder_input_tokens)(tokens, positions, cache)
 
-    cache = jax.jit(new_cache)(params, tokens)
-    return _Decoder(params, tokens, cache, jax.jit(step, donate_argnums=(4,)))
+    return step
 
 
 def random_params(module: network.Transformer, seed: int = 0) -> Any:
@@ -188,6 +197,32 @@ def time_interleaved(
     return samples
 
 
+def looped_steps(step: Callable[..., Any], steps_per_call: int) -> Callable[..., Any]:
+    """`step` run `steps_per_call` times in one jitted `lax.fori_loop`, the cache as loop carry.
+
+    Args:
+      step: `(*args, tokens int32 [batch, k], positions int32 [batch], cache) -> (logits float32
+        [batch, k, vocab], cache)`.
+      steps_per_call: loop length.
+
+    Returns:
+      jitted `(args tuple, tokens, positions, cache) -> (float32 [batch] sum of one logit per step,
+      which keeps the logits live, cache)`; the cache argument is donated.
+    """
+
+    def run(args, tokens, positions, cache):
+        def body(_, carry):
+            cache, total = carry
+            logits, cache = step(*args, tokens, positions, cache)
+            return cache, total + logits[:, -1, 0]  # keeps the logits live
+
+        total = jnp.zeros((tokens.shape[0],), jnp.float32)
+        cache, total = jax.lax.fori_loop(0, steps_per_call, body, (cache, total))
+        return total, cache
+
+    return jax.jit(run, donate_argnums=(3,))
+
+
 @contextlib.contextmanager
 def paused(pid_file: str | os.PathLike | None) -> Iterator[None]:
     """SIGSTOPs the process whose id is in `pid_file` (e.g. a background training job) inside the
@@ -241,20 +276,8 @@ def time_decoder_steps(
       `steps_per_call`, and `block_step_ms` {k: median ms of a k-token target call}.
     """
 
-    def looped(step):
-        def run(args, tokens, positions, cache):
-            def body(_, carry):
-                cache, total = carry
-                logits, cache = step(*args, tokens, positions, cache)
-                return cache, total + logits[:, -1, 0]  # keeps the logits live
-
-            total = jnp.zeros((tokens.shape[0],), jnp.float32)
-            cache, total = jax.lax.fori_loop(0, steps_per_call, body, (cache, total))
-            return total, cache
-
-        return jax.jit(run, donate_argnums=(3,))
-
-    target_step, draft_step = looped(target_step), looped(draft_step)
+    target_step = looped_steps(target_step, steps_per_call)
+    draft_step = looped_steps(draft_step, steps_per_call)
     pos = jnp.full((batch,), position, jnp.int32)
     one = jnp.full((batch, 1), 5, jnp.int32)
     block = jnp.full((batch, gamma + 1), 5, jnp.int32)

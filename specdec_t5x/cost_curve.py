@@ -181,15 +181,12 @@ def step_costs(
     )
     draft_cache = jax.jit(lambda dp, e: draft.init_cache(dp, e, max_decode_len))(draft_params, enc)
 
-    def target_step(tp, e, tokens, pos, cache):
-        return steps.make_block_step(module, tp, e)(tokens, pos, cache)
-
     def draft_step(dp, e, tokens, pos, cache):
         return draft.make_step(dp, e)(tokens, pos, cache)  # the cache is built once, above
 
     largest = max([gamma + 1, *block_sizes])
     return benchmark.time_decoder_steps(
-        target_step,
+        benchmark.decoder_step(module),
         (target_params, enc),
         target_cache,
         draft_step,

@@ -136,8 +136,7 @@ def build(name: str, s: Settings, network=network):
 def make_fn(module, mode: str, loop_steps: int, compiler_options=None):
     """jitted (params, enc, cache, tokens [1, k], positions [1]) -> something to block on."""
 
-    def step(params, enc, tokens, positions, cache):
-        return models.make_block_step(module, params, enc)(tokens, positions, cache)
+    step = benchmark.decoder_step(module)
 
     if mode == "loop":
 
