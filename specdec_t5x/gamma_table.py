@@ -31,10 +31,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import cost_curve, gamma_control, provenance
+from specdec_t5x import cost_curve, eval_inputs, gamma_control, provenance
 
 
 def _stats_sums(stats_list) -> dict[str, float]:
@@ -94,16 +93,7 @@ def compare(
         "token": auto["auto"],
         "block": auto["auto+block"],
     }
-    batches = []
-    for tokens in encoder_inputs:
-        enc = np.zeros((1, input_len), np.int32)
-        enc[0, : min(len(tokens), input_len)] = tokens[:input_len]
-        batches.append(
-            {
-                "encoder_input_tokens": jnp.asarray(enc),
-                "decoder_input_tokens": jnp.zeros((1, max_decode_len), jnp.int32),
-            }
-        )
+    batches = [eval_inputs.decode_batch([t], input_len, max_decode_len) for t in encoder_inputs]
     first = batches[0]
     curve = cost_curve.measure_cost_curve(
         spec_model,

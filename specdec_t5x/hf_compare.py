@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_t5x import benchmark, models, reports
+from specdec_t5x import benchmark, eval_inputs, models, reports
 
 
 def compare_with_hf(
@@ -90,12 +90,7 @@ def compare_with_hf(
     packed, packed_draft = spec_model.pack_params(target_params), draft.pack_params(draft_params)
 
     def batch_of(tokens):
-        enc = np.zeros((1, enc_len), np.int32)
-        enc[0, : len(tokens)] = tokens
-        return {
-            "encoder_input_tokens": enc,
-            "decoder_input_tokens": np.zeros((1, max_decode_len), np.int32),
-        }
+        return eval_inputs.decode_batch([tokens], enc_len, max_decode_len)
 
     def hf_generate(tokens, assisted: bool):
         ids = torch.tensor(np.asarray(tokens, np.int64)[None])

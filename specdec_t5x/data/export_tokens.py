@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_t5x import provenance
+from specdec_t5x import eval_inputs, provenance
 
 
 def write_tokens(
@@ -44,12 +44,7 @@ def write_tokens(
         raise ValueError(f"{len(inputs)} inputs but {len(targets)} targets.")
 
     def pad(rows, length, name):
-        out = np.zeros((len(rows), length), np.int32)
-        for i, row in enumerate(rows):
-            if len(row) > length:
-                raise ValueError(f"{name}[{i}] has {len(row)} tokens > {name}_len={length}.")
-            out[i, : len(row)] = row
-        return out
+        return eval_inputs.pad_rows(rows, length, truncate=False, name=name)
 
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
