@@ -14,7 +14,11 @@ Timing rules (so ratios mean something):
 
 In argmax mode (temperature 0) the job checks itself: `identical_fraction` is the share of examples
 whose speculative tokens equal the baseline's; each difference gets a near-tie report (first
-differing position, the target's top-2 logit gap there).
+differing position, the target's top-2 logit gap there). With bfloat16-stored CPU weights
+(`CPU_WEIGHT_DTYPE='bfloat16'`) it also decodes the baseline with the float32 weights (untimed) and
+reports every greedy token the rounding flipped (`weight_flips`: position, both tokens, both logit
+gaps); that run keeps the float32 panels beside the bfloat16 ones (1.5 copies), the default float32
+run holds one copy of each decoder projection.
 """
 
 from __future__ import annotations
@@ -31,7 +35,15 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from specdec_t5x import gamma_control, models, multihost, provenance, reports, sampling
+from specdec_t5x import (
+    cpu_kernel,
+    gamma_control,
+    models,
+    multihost,
+    provenance,
+    reports,
+    sampling,
+)
 
 
 def load_examples(
@@ -143,6 +155,41 @@ def _pack_draft(draft, draft_params):
     """Draft parameters packed for the CPU kernel when the draft is a T5 network (else as given)."""
     pack = getattr(draft, "pack_params", None)
     return draft_params if pack is None else pack(draft_params)
+
+
+def _weight_flips(module, base_fn, float32_params, bfloat16_params, batches, tokens, inputs, rng):
+    """The bfloat16-weight run's greedy baseline against float32 weights (untimed decodes).
+
+    Args:
+      module: target network; base_fn: the job's jitted baseline `(params, batch, rng) -> tokens`.
+      float32_params, bfloat16_params: the target with float32 / bfloat16 packed panels.
+      batches: the job's `(n, batch)` list; tokens: the run's baseline tokens per example.
+      inputs: int32 [enc_len] encoder inputs per example; rng: the job's base key.
+
+    Returns:
+      {'identical_fraction_vs_float32', 'num_flipped', 'max_float32_logit_gap', 'flips': one
+      `reports.weight_flip_report` per differing example, with its index}.
+    """
+    reference = []
+    for i, (n, batch) in enumerate(batches):
+        out = base_fn(float32_params, batch, jax.random.fold_in(rng, i))
+        reference += list(np.asarray(out)[:n])
+    flips = [
+        {
+            "example": idx,
+            **reports.weight_flip_report(
+                module, float32_params, bfloat16_params, inputs[idx], a, b
+            ),
+        }
+        for idx, (a, b) in enumerate(zip(reference, tokens, strict=True))
+        if not np.array_equal(a, b)
+    ]
+    return {
+        "identical_fraction_vs_float32": 1.0 - len(flips) / len(tokens),
+        "num_flipped": len(flips),
+        "max_float32_logit_gap": max((f["float32_logit_gap"] for f in flips), default=None),
+        "flips": flips,
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -290,8 +337,14 @@ def evaluate(
         gammas = list(range(1, auto_gamma_max + 1))  # the best fixed γ in hindsight, same run
     draft_params = spec_model.draft.params if draft_params is None else draft_params
     # Decoder projections packed for the CPU kernel once per parameter set (a no-op when it is
-    # off); the packed trees replace the raw ones for the whole run, near-tie report included.
-    target_params = spec_model.pack_params(target_params)
+    # off, or already done: gin/runs/eval.gin packs as it loads, so no raw copy stays alive). The
+    # packed trees serve the whole run, near-tie report included.
+    target_params = models.pack_params(spec_model.module, target_params)  # float32 panels
+    reference_params = None  # float32-weight target: what bfloat16 CPU weights flipped
+    if spec_model.cpu_weight_dtype != "float32" and sampling_settings.greedy:
+        if cpu_kernel.packed_weight_dtype(target_params) == "float32":
+            reference_params = target_params
+    target_params = spec_model.pack_params(target_params)  # CPU_WEIGHT_DTYPE (narrows panels)
     draft_params = _pack_draft(spec_model.draft, draft_params)
     out_dir = pathlib.Path(output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -300,7 +353,9 @@ def evaluate(
         task, split, num_examples, input_len, target_len, vocabulary
     )
     eos_id = spec_model.eos_id
-    baseline = models.EncoderDecoderModel(spec_model.module, vocabulary, vocabulary)
+    baseline = models.EncoderDecoderModel(
+        spec_model.module, vocabulary, vocabulary, cpu_weight_dtype=spec_model.cpu_weight_dtype
+    )
     settings = sampling_settings.decoder_params()
 
     base_fn = jax.jit(
@@ -428,6 +483,17 @@ def evaluate(
                     s,
                 )
                 near_ties.append({"example": idx, **report})
+    if reference_params is not None:
+        metrics["weight_flips"] = _weight_flips(
+            spec_model.module,
+            base_fn,
+            reference_params,
+            target_params,
+            batches,
+            runs["baseline"].tokens,
+            [_pad([e["inputs"]], input_len)[0] for e in examples],
+            rng0,
+        )
     metrics.update(
         task=task,
         split=split,
@@ -440,6 +506,7 @@ def evaluate(
         max_decode_len=target_len,
         near_ties=near_ties,
         compilations_during_timing=compiles.count,
+        cpu_weight_dtype=cpu_kernel.packed_weight_dtype(target_params),
         max_near_tie_gap=max((r["top2_logit_gap"] for r in near_ties), default=None),
     )
     metrics.update(provenance.record(command or " ".join(sys.argv)))

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import numpy as safetensors_numpy
 
-from specdec_t5x import network
+from specdec_t5x import network, steps
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -220,7 +220,8 @@ def export_hf(
     """Writes `params` as an HF T5 model folder: weights plus `config.json`.
 
     Args:
-      params: our parameter tree (T5X names) of `config`.
+      params: our parameter tree (T5X names) of `config`; a decode-ready tree from
+        `steps.pack_params` is written in the T5X layout (`steps.unpack_params`).
       config: its `network.T5Config`.
       out_dir: folder to write (created).
       dtype: weights dtype on disk (None: as given, float32 for our params).
@@ -238,6 +239,7 @@ def export_hf(
         raise ValueError(f"file_format must be 'safetensors' or 'pytorch'; got {file_format!r}.")
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    params = steps.unpack_params(network.Transformer(config), params)
     entries = name_map(config)
     if not config.logits_via_embedding:
         entries.append((("decoder", "logits_dense", "kernel"), "lm_head.weight", True))

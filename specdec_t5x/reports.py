@@ -64,6 +64,21 @@ def quality(seqio_task, vocabulary, examples, tokens, eos_id) -> dict[str, float
     return scores
 
 
+def _teacher_forced_logits(module, params, encoder_input_tokens, tokens) -> np.ndarray:
+    """float32 [len, vocab] logits of the full forward on int32 [len] `tokens` (shifted right)."""
+    targets = jnp.asarray(tokens)[None]  # [1, len]
+    dec_in = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))  # shifted right: start token 0
+    return np.asarray(
+        module.apply(
+            {"params": params},
+            jnp.asarray(encoder_input_tokens)[None],
+            dec_in,
+            jnp.ones_like(targets),
+            enable_dropout=False,
+        )[0]
+    )
+
+
 def near_tie_report(module, target_params, encoder_input_tokens, baseline, speculative_tokens):
     """Where greedy outputs differ: the first differing position and the target's top-2 gap there.
 
@@ -81,23 +96,50 @@ def near_tie_report(module, target_params, encoder_input_tokens, baseline, specu
     """
     diff = np.nonzero(np.asarray(baseline) != np.asarray(speculative_tokens))[0]
     t = int(diff[0])
-    targets = jnp.asarray(baseline)[None]  # [1, len]
-    dec_in = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))  # shifted right: start token 0
-    logits = module.apply(
-        {"params": target_params},
-        jnp.asarray(encoder_input_tokens)[None],
-        dec_in,
-        jnp.ones_like(targets),
-        enable_dropout=False,
-    )[0, t]  # [vocab]
-    order = np.argsort(np.asarray(logits))
-    top2 = np.asarray(logits)[order[-2:]]
+    logits = _teacher_forced_logits(module, target_params, encoder_input_tokens, baseline)[t]
+    order = np.argsort(logits)
+    top2 = logits[order[-2:]]
     return {
         "position": t,
         "baseline_token": int(baseline[t]),
         "speculative_token": int(speculative_tokens[t]),
         "top2_logit_gap": float(top2[1] - top2[0]),
         "speculative_is_runner_up": int(order[-2]) == int(speculative_tokens[t]),
+    }
+
+
+def weight_flip_report(
+    module, float32_params, bfloat16_params, encoder_input_tokens, float32_tokens, bfloat16_tokens
+):
+    """What bfloat16-stored CPU weights flipped in a greedy decode (`CPU_WEIGHT_DTYPE='bfloat16'`).
+
+    Both decodes share the prefix before the first differing position t; there the float32-weight
+    model chose token a and the bfloat16-weight model token b. Each model's logits come from the
+    teacher-forced full forward on its own decode.
+
+    Args:
+      module: target network.
+      float32_params, bfloat16_params: its parameters with float32 / bfloat16 packed panels.
+      encoder_input_tokens: int32 [enc_len].
+      float32_tokens, bfloat16_tokens: int32 [max_decode_len] greedy decodes (differing somewhere).
+
+    Returns:
+      dict with `position` t, `float32_token` a, `bfloat16_token` b, `float32_logit_gap`
+      (l32[a] - l32[b] >= 0: how far from a tie the float32 model was, logits units),
+      `bfloat16_logit_gap` (l16[b] - l16[a] >= 0) and `bfloat16_is_float32_runner_up`.
+    """
+    diff = np.nonzero(np.asarray(float32_tokens) != np.asarray(bfloat16_tokens))[0]
+    t = int(diff[0])
+    a, b = int(float32_tokens[t]), int(bfloat16_tokens[t])
+    l32 = _teacher_forced_logits(module, float32_params, encoder_input_tokens, float32_tokens)[t]
+    l16 = _teacher_forced_logits(module, bfloat16_params, encoder_input_tokens, bfloat16_tokens)[t]
+    return {
+        "position": t,
+        "float32_token": a,
+        "bfloat16_token": b,
+        "float32_logit_gap": float(l32[a] - l32[b]),
+        "bfloat16_logit_gap": float(l16[b] - l16[a]),
+        "bfloat16_is_float32_runner_up": int(np.argsort(l32)[-2]) == b,
     }
 
 

@@ -100,6 +100,30 @@ def pack_params(module: network.Transformer, params, cpu_weight_dtype: str = "fl
     return cpu_kernel.pack_params(params, cpu_weight_dtype, activation_dtype=module.config.dtype)
 
 
+def unpack_params(module: network.Transformer, params):
+    """The T5X layout of a tree from `pack_params` (raw trees unchanged), for consumers of that
+    layout such as `hf.export_hf`; see `cpu_kernel.unpack_params` (exact for float32 panels).
+
+    Args:
+      module: the `network.Transformer` the tree belongs to (gives each Dense's output width).
+      params: its parameter tree, packed or raw.
+    """
+    if not cpu_kernel.is_packed(params):
+        return params
+    ones = jnp.ones((1, 1), jnp.int32)
+    shapes = jax.eval_shape(
+        lambda: module.init(jax.random.PRNGKey(0), ones, ones, ones, enable_dropout=False)
+    )["params"]["decoder"]
+
+    def out_features(path: tuple[str, ...]) -> int:
+        node = shapes
+        for key in path:
+            node = node[key]
+        return node["kernel"].shape[-1]
+
+    return cpu_kernel.unpack_params(params, out_features)
+
+
 def make_block_step(
     module: network.Transformer,
     params,

@@ -282,3 +282,83 @@ def test_every_gin_decoding_setting_reaches_the_decoders_or_errors(data_dir, tmp
     ):
         with pytest.raises(ValueError, match=match):
             _run_eval_job(tmp_path, "bad", [binding])
+
+
+def _tree_bytes(tree) -> int:
+    return sum(x.nbytes for x in jax.tree_util.tree_leaves(tree))
+
+
+def test_eval_job_holds_one_copy_of_each_decoder_projection(data_dir, tmp_path, monkeypatch):
+    """`python -m specdec_t5x.eval` on the shipped pair (CPU kernel on): while it runs, the bytes of
+    all live arrays it added are the packed target and draft trees (one copy of each decoder
+    projection), not raw + packed; greedy tokens equal the raw-parameter jnp.dot decode."""
+    import gc
+
+    from specdec_t5x import cpu_kernel, embedded
+    from specdec_t5x import eval as eval_main
+
+    if cpu_kernel.disabled_reason() is not None:
+        pytest.skip(f"CPU kernel off here: {cpu_kernel.disabled_reason()}")
+
+    def live_bytes() -> int:
+        gc.collect()
+        return sum(x.nbytes for x in jax.live_arrays())
+
+    seen = {}
+    measure = evaluation.measure_step_costs
+
+    def spy(spec_model, target_params, draft_params, encoder_input_tokens, *args, **kwargs):
+        # Called after every timed decode, while the job holds everything it keeps for the run.
+        seen.update(
+            live=live_bytes(),
+            target=target_params,
+            draft=draft_params,
+            model=spec_model,
+            enc=encoder_input_tokens,
+        )
+        return measure(
+            spec_model, target_params, draft_params, encoder_input_tokens, *args, **kwargs
+        )
+
+    monkeypatch.setattr(evaluation, "measure_step_costs", spy)
+    out = tmp_path / "job"
+    argv = ["--gin_file=gin/experiments/embedded_ende_model_t0.gin"]
+    for b in [
+        "NUM_EXAMPLES=1",
+        "INPUT_LEN=32",
+        "TARGET_LEN=8",
+        "GAMMAS=None",
+        f"EVAL_OUTPUT_DIR='{out}'",
+    ]:
+        argv.append(f"--gin.{b}")
+    gin.clear_config(clear_constants=True)
+    before = live_bytes()
+    try:
+        metrics = eval_main.main(argv)
+    finally:
+        gin.clear_config(clear_constants=True)
+    target, draft = seen.pop("target"), seen.pop("draft")
+    assert cpu_kernel.is_packed(target) and cpu_kernel.is_packed(draft)
+    held = seen["live"] - before
+    one_copy = _tree_bytes(target) + _tree_bytes(draft)
+    projections = sum(x.nbytes for x in cpu_kernel._packed_leaves(target))
+    projections += sum(x.nbytes for x in cpu_kernel._packed_leaves(draft))
+    # Raw + packed would add every projection again (27 MiB here: 92.4 MB instead of 65.2 MB);
+    # the job's own small arrays (batches, keys) are a few hundred bytes.
+    assert projections > 0.4 * one_copy
+    assert one_copy <= held < one_copy + 2**20, (held, one_copy, projections)
+
+    # Decoding unchanged: the job's tokens equal the raw float32 tree on jnp.dot.
+    model = seen["model"]
+    raw = embedded.load_params("embedded_ende_target")
+    batch = {
+        "encoder_input_tokens": seen["enc"],
+        "decoder_input_tokens": jnp.zeros((1, 8), jnp.int32),
+    }
+    with cpu_kernel.env_setting(False):
+        base = models.EncoderDecoderModel(model.module)
+        want = base.predict_batch(raw, batch, decoder_params={"temperature": 0.0})[0]
+    row = json.loads((out / "predictions.jsonl").read_text().splitlines()[0])
+    text = reports.decode_text(model.output_vocabulary, jax.device_get(want), model.eos_id)
+    assert row["baseline"] == row["speculative"] == text
+    assert metrics["identical_fraction"] == 1.0 and metrics["cpu_weight_dtype"] == "float32"

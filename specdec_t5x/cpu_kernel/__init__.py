@@ -275,16 +275,28 @@ def _projection_paths(decoder: dict) -> list[tuple[str, ...]]:
     return paths
 
 
-def is_packed(params) -> bool:
-    """Whether `params` comes from `pack_params` (some decoder Dense holds `kernel_packed`)."""
+def _packed_leaves(params) -> list:
+    """The `kernel_packed` arrays of a tree's decode projections (empty for a raw tree)."""
     decoder = params.get("decoder", {}) if hasattr(params, "get") else {}
+    leaves = []
     for path in _projection_paths(decoder):
         node = decoder
         for key in path:
             node = node[key]
         if PACKED_NAME in node:
-            return True
-    return False
+            leaves.append(node[PACKED_NAME])
+    return leaves
+
+
+def is_packed(params) -> bool:
+    """Whether `params` comes from `pack_params` (some decoder Dense holds `kernel_packed`)."""
+    return bool(_packed_leaves(params))
+
+
+def packed_weight_dtype(params) -> str | None:
+    """'float32' or 'bfloat16': storage of a packed tree's panels (None: not packed)."""
+    leaves = _packed_leaves(params)
+    return None if not leaves else jnp.dtype(leaves[0].dtype).name
 
 
 def _multi_device(leaves) -> bool:
@@ -305,8 +317,11 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
     [ceil(N / 32), K, 32]` (see `pack`). Everything else (embedding, encoder, norms, relative
     position biases, cross-attention key/value, which are applied once per sequence) is the same
     array object, so the packed tree does not copy it. Call it once per parameter set, outside
-    every decode loop; it is idempotent. The input tree is not modified (checkpoints and the T5X
-    parameter layout are untouched).
+    every decode loop, and drop the raw tree (the packed one serves every decoder use, the
+    teacher-forced forward included): one copy of each projection. It is idempotent; an already
+    packed tree is returned as is, except that float32 panels are narrowed (rounded) to bfloat16
+    when weight_dtype='bfloat16' asks for it (bfloat16 panels are never widened back). The input
+    tree is not modified (checkpoints and the T5X parameter layout are untouched).
 
     Returns `params` unchanged (the decoder then runs `jnp.dot`) when the kernel is off
     (`SPECDEC_CPU_KERNEL=0`), the default backend is not CPU, the extension is missing, the
@@ -324,9 +339,19 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
     Raises:
       ValueError: unknown weight_dtype.
     """
-    check_weight_dtype(weight_dtype)
-    if not hasattr(params, "get") or "decoder" not in params or is_packed(params):
+    dtype = check_weight_dtype(weight_dtype)
+    if not hasattr(params, "get") or "decoder" not in params:
         return params
+    if is_packed(params):  # float32 panels are narrowed to bfloat16 on request, never widened
+        wider = [w for w in _packed_leaves(params) if w.dtype.itemsize > jnp.dtype(dtype).itemsize]
+        if not wider:
+            return params
+
+        def narrow(path, dense: dict) -> dict:
+            w = dense.get(PACKED_NAME)
+            return dense if w is None else {**dense, PACKED_NAME: w.astype(dtype)}
+
+        return _map_projections(params, narrow)
     reason = disabled_reason()
     if reason is None and jnp.dtype(activation_dtype) != jnp.float32:
         reason = f"activations are {jnp.dtype(activation_dtype).name}"
@@ -335,6 +360,22 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
     if reason is not None:
         _log_fallback_once(reason)
         return params
+
+    def pack_dense(path, dense: dict) -> dict:
+        dense = dict(dense)
+        kernel = dense.pop("kernel")
+        if kernel.ndim == 3:  # scanned layers: [layers, K, N] -> [layers, P, K, 32]
+            dense[PACKED_NAME] = jax.vmap(lambda w: pack(w, weight_dtype))(kernel)
+        else:
+            dense[PACKED_NAME] = pack(kernel, weight_dtype)
+        return dense
+
+    return _map_projections(params, pack_dense)
+
+
+def _map_projections(params, fn):
+    """A new tree with `fn(path, dense dict)` at every decode projection (`_projection_paths`);
+    every other node is the very same object (no copy)."""
     out = dict(params)
     decoder = out["decoder"] = dict(params["decoder"])
     for path in _projection_paths(params["decoder"]):
@@ -342,11 +383,34 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
         for key in path[:-1]:
             parent[key] = dict(parent[key])
             parent = parent[key]
-        dense = dict(parent[path[-1]])
-        kernel = dense.pop("kernel")
-        if kernel.ndim == 3:  # scanned layers: [layers, K, N] -> [layers, P, K, 32]
-            dense[PACKED_NAME] = jax.vmap(lambda w: pack(w, weight_dtype))(kernel)
-        else:
-            dense[PACKED_NAME] = pack(kernel, weight_dtype)
-        parent[path[-1]] = dense
+        parent[path[-1]] = fn(path, parent[path[-1]])
     return out
+
+
+def unpack_params(params, out_features):
+    """The raw T5X layout of a tree from `pack_params` (`kernel_packed` -> `kernel [K, N]`).
+
+    For consumers of the T5X layout (e.g. `hf.export_hf`) handed a decode-ready tree; a raw tree is
+    returned unchanged. Exact for float32 panels; bfloat16 panels come back widened to float32.
+
+    Args:
+      params: T5 parameter tree, packed or raw.
+      out_features: callable `(path: tuple of str inside params['decoder']) -> N`, the output
+        width of that Dense (e.g. `steps.unpack_params` reads it from the model's shapes).
+
+    Returns:
+      A new tree with float32 `kernel`s where `kernel_packed` was (`params` itself if raw).
+    """
+    if not hasattr(params, "get") or "decoder" not in params or not is_packed(params):
+        return params
+
+    def unpack_dense(path, dense: dict) -> dict:
+        if PACKED_NAME not in dense:
+            return dense
+        dense = dict(dense)
+        packed, n = dense.pop(PACKED_NAME), int(out_features(path))
+        scanned = packed.ndim == 4  # [layers, P, K, 32]
+        dense["kernel"] = jax.vmap(lambda w: unpack(w, n))(packed) if scanned else unpack(packed, n)
+        return dense
+
+    return _map_projections(params, unpack_dense)
