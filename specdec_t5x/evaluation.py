@@ -157,11 +157,11 @@ def _pack_draft(draft, draft_params):
     return draft_params if pack is None else pack(draft_params)
 
 
-def _weight_flips(module, base_fn, float32_params, bfloat16_params, batches, tokens, inputs, rng):
+def _weight_flips(module, settings, float32_params, bfloat16_params, batches, tokens, inputs, rng):
     """The bfloat16-weight run's greedy baseline against float32 weights (untimed decodes).
 
     Args:
-      module: target network; base_fn: the job's jitted baseline `(params, batch, rng) -> tokens`.
+      module: target network; settings: the run's (greedy) decoder params.
       float32_params, bfloat16_params: the target with float32 / bfloat16 packed panels.
       batches: the job's `(n, batch)` list; tokens: the run's baseline tokens per example.
       inputs: int32 [enc_len] encoder inputs per example; rng: the job's base key.
@@ -170,6 +170,10 @@ def _weight_flips(module, base_fn, float32_params, bfloat16_params, batches, tok
       {'identical_fraction_vs_float32', 'num_flipped', 'max_float32_logit_gap', 'flips': one
       `reports.weight_flip_report` per differing example, with its index}.
     """
+    float32_model = models.EncoderDecoderModel(module, cpu_weight_dtype="float32")
+    base_fn = jax.jit(
+        lambda tp, b, r: float32_model.predict_batch_with_aux(tp, b, r, decoder_params=settings)[0]
+    )
     reference = []
     for i, (n, batch) in enumerate(batches):
         out = base_fn(float32_params, batch, jax.random.fold_in(rng, i))
@@ -486,7 +490,7 @@ def evaluate(
     if reference_params is not None:
         metrics["weight_flips"] = _weight_flips(
             spec_model.module,
-            base_fn,
+            settings,
             reference_params,
             target_params,
             batches,

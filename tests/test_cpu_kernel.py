@@ -143,6 +143,59 @@ def test_pack_params_packs_every_decode_projection(tiny_target):
     assert models.pack_params(module, packed) is packed  # idempotent
 
 
+def test_packed_trees_narrow_to_bfloat16_and_unpack_exactly(tiny_target):
+    """A float32-packed tree narrows to bfloat16 panels bit-identical to packing the raw tree in
+    bfloat16 (never widened back); `unpack_params` restores the raw float32 tree exactly, also for
+    scanned layers; the T5X-layout HF export of a packed tree equals that of the raw tree."""
+    from conftest import init_params, tiny_config
+
+    from specdec_t5x import steps
+
+    module, params = tiny_target
+    packed = models.pack_params(module, params)
+    assert cpu_kernel.packed_weight_dtype(packed) == "float32"
+    assert cpu_kernel.packed_weight_dtype(params) is None
+    narrowed = models.pack_params(module, packed, "bfloat16")
+    direct = models.pack_params(module, params, "bfloat16")
+    assert cpu_kernel.packed_weight_dtype(narrowed) == "bfloat16"
+    assert jax.tree_util.tree_structure(narrowed) == jax.tree_util.tree_structure(direct)
+    for a, b in zip(
+        jax.tree_util.tree_leaves(narrowed), jax.tree_util.tree_leaves(direct), strict=True
+    ):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    assert narrowed["encoder"] is params["encoder"]  # only the projections change
+    assert models.pack_params(module, narrowed, "float32") is narrowed  # never widened
+    assert models.pack_params(module, narrowed, "bfloat16") is narrowed
+
+    assert steps.unpack_params(module, params) is params
+    for m, p in ((module, params), (None, None)):
+        if m is None:  # scanned layers: a leading layer axis on every decoder kernel
+            m = network.Transformer(tiny_config(scan_layers=True))
+            p = init_params(m, 2)
+        restored = steps.unpack_params(m, models.pack_params(m, p))
+        assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(p)
+        for a, b in zip(
+            jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(p), strict=True
+        ):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_hf_export_of_a_packed_tree_is_the_raw_export(tiny_target, tmp_path):
+    from safetensors import numpy as safetensors_numpy
+
+    from specdec_t5x import hf
+
+    module, params = tiny_target
+    raw_dir = hf.export_hf(params, module.config, tmp_path / "raw")
+    packed_dir = hf.export_hf(models.pack_params(module, params), module.config, tmp_path / "p")
+    want = safetensors_numpy.load_file(raw_dir / "model.safetensors")
+    got = safetensors_numpy.load_file(packed_dir / "model.safetensors")
+    assert set(got) == set(want)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key])
+
+
 def _rounded_like_packed(raw, packed):
     """raw params with exactly the kernels that `packed` holds as bfloat16 rounded to bfloat16."""
     if "kernel_packed" in packed:

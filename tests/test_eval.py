@@ -362,3 +362,67 @@ def test_eval_job_holds_one_copy_of_each_decoder_projection(data_dir, tmp_path, 
     text = reports.decode_text(model.output_vocabulary, jax.device_get(want), model.eos_id)
     assert row["baseline"] == row["speculative"] == text
     assert metrics["identical_fraction"] == 1.0 and metrics["cpu_weight_dtype"] == "float32"
+
+
+def test_bfloat16_cpu_weights_report_what_flipped(tiny_pair, data_dir, tmp_path):
+    """CPU_WEIGHT_DTYPE='bfloat16': the job lists every greedy baseline the rounding changed
+    (against float32 weights) with the position, both tokens and both logit gaps, matching
+    independent decodes with each weight dtype."""
+    from specdec_t5x import cpu_kernel
+
+    if cpu_kernel.disabled_reason() is not None:
+        pytest.skip(f"CPU kernel off here: {cpu_kernel.disabled_reason()}")
+    spec_model, params = tiny_pair
+    # Output columns that differ by ~1e-4 (well below bfloat16's rounding of ~1 / 512): every logit
+    # is a near-tie, so rounding the weights decides the argmax and flips are certain.
+    w = params["decoder"]["logits_dense"]["kernel"]  # [emb, vocab]
+    k0, k1 = jax.random.split(jax.random.PRNGKey(0))
+    tied = jax.random.normal(k0, (w.shape[0], 1)) + 1e-4 * jax.random.normal(k1, w.shape)
+    params = {**params, "decoder": {**params["decoder"], "logits_dense": {"kernel": tied}}}
+    vocabulary = spec_model.output_vocabulary
+    bf16_model = models.SpeculativeEncoderDecoderModel(
+        spec_model.module, spec_model.draft, vocabulary, vocabulary, cpu_weight_dtype="bfloat16"
+    )
+    n, input_len, target_len = 3, 32, 32  # the fixture corpus has 3 sentences
+    metrics = evaluation.evaluate(
+        bf16_model,
+        params,
+        "ddtp_ende",
+        str(tmp_path / "out"),
+        gamma=3,
+        temperature=0.0,
+        num_examples=n,
+        input_len=input_len,
+        target_len=target_len,
+        cost_repeats=2,
+    )
+    assert metrics["cpu_weight_dtype"] == "bfloat16"
+    report = metrics["weight_flips"]
+    examples, _ = evaluation.load_examples(
+        "ddtp_ende", "test", n, input_len, target_len, vocabulary
+    )
+    enc = jnp.asarray([jnp.pad(e["inputs"], (0, input_len - len(e["inputs"]))) for e in examples])
+    batch = {"encoder_input_tokens": enc, "decoder_input_tokens": jnp.zeros((n, target_len), int)}
+    greedy = {"temperature": 0.0}
+    decodes = {  # one example per call, as the job decodes them (batch_size 1)
+        d: [
+            models.EncoderDecoderModel(spec_model.module, cpu_weight_dtype=d).predict_batch(
+                params, {k: v[i : i + 1] for k, v in batch.items()}, decoder_params=greedy
+            )[0]
+            for i in range(n)
+        ]
+        for d in ("float32", "bfloat16")
+    }
+    flipped = [
+        i for i in range(n) if not jnp.array_equal(decodes["float32"][i], decodes["bfloat16"][i])
+    ]
+    assert flipped
+    assert [f["example"] for f in report["flips"]] == flipped
+    assert report["num_flipped"] == len(flipped)
+    assert report["identical_fraction_vs_float32"] == 1.0 - len(flipped) / n
+    for f in report["flips"]:
+        a, b = decodes["float32"][f["example"]], decodes["bfloat16"][f["example"]]
+        t = int(jnp.nonzero(a != b)[0][0])
+        assert (f["position"], f["float32_token"], f["bfloat16_token"]) == (t, int(a[t]), int(b[t]))
+        assert f["float32_logit_gap"] >= 0.0 and f["bfloat16_logit_gap"] >= 0.0
+    assert report["max_float32_logit_gap"] == max(f["float32_logit_gap"] for f in report["flips"])
