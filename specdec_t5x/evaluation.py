@@ -291,7 +291,8 @@ def evaluate(
 
     Args:
       spec_model: target + draft (`models.SpeculativeEncoderDecoderModel`).
-      target_params: target parameters.
+      target_params: target parameters, raw or packed (`steps.pack_params`; gin/runs/eval.gin
+        packs as it loads, so the job holds one copy of each decoder projection).
       task: registered seqio task name (e.g. 'ddtp_ende', 'wmt_t2t_ende_v003').
       output_dir: where `metrics.json`, `predictions.jsonl`, `table_row.md` and the plot go
         (created; the entry point adds the operative gin config).
