@@ -100,6 +100,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     print(reports.TABLE_HEADER)
     print(reports.table_row(metrics))
     print(json.dumps({k: metrics[k] for k in ("identical_fraction", "speedup")}))
+    if "weight_flips" in metrics:  # CPU_WEIGHT_DTYPE='bfloat16': what the rounding changed
+        flips = metrics["weight_flips"]
+        print(
+            f"bfloat16 CPU weights: {flips['num_flipped']} of {metrics['num_examples']} greedy "
+            f"baselines differ from float32 weights (max float32 logit gap at the flip: "
+            f"{flips['max_float32_logit_gap']}); details: metrics.json 'weight_flips'"
+        )
     print(f"results: {out_dir}")
     return metrics
 
