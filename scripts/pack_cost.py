@@ -168,7 +168,7 @@ def main(argv=None):
         "gamma": args.gamma,
         "input_len": args.input_len,
         "pack_only_ms": statistics.median(times[("pack_only", "target")]),
-        "target_projection_bytes": int(sum(x.nbytes for x in cpu_kernel._packed_leaves(packed))),
+        "target_projection_bytes": int(sum(x.nbytes for x in cpu_kernel.packed_arrays(packed))),
         "rows": rows,
         "note": args.note,
         **provenance.record(

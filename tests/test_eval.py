@@ -341,8 +341,8 @@ def test_eval_job_holds_one_copy_of_each_decoder_projection(data_dir, tmp_path, 
     assert cpu_kernel.is_packed(target) and cpu_kernel.is_packed(draft)
     held = seen["live"] - before
     one_copy = _tree_bytes(target) + _tree_bytes(draft)
-    projections = sum(x.nbytes for x in cpu_kernel._packed_leaves(target))
-    projections += sum(x.nbytes for x in cpu_kernel._packed_leaves(draft))
+    projections = sum(x.nbytes for x in cpu_kernel.packed_arrays(target))
+    projections += sum(x.nbytes for x in cpu_kernel.packed_arrays(draft))
     # Raw + packed would add every projection again (27 MiB here: 92.4 MB instead of 65.2 MB);
     # the job's own small arrays (batches, keys) are a few hundred bytes.
     assert projections > 0.4 * one_copy

@@ -275,8 +275,9 @@ def _projection_paths(decoder: dict) -> list[tuple[str, ...]]:
     return paths
 
 
-def _packed_leaves(params) -> list:
-    """The `kernel_packed` arrays of a tree's decode projections (empty for a raw tree)."""
+def packed_arrays(params) -> list:
+    """The `kernel_packed` arrays of a tree's decode projections, each `float32/bfloat16 [P, K, 32]`
+    (`[layers, P, K, 32]` for scanned layers); an empty list for a raw tree."""
     decoder = params.get("decoder", {}) if hasattr(params, "get") else {}
     leaves = []
     for path in _projection_paths(decoder):
@@ -290,12 +291,12 @@ def _packed_leaves(params) -> list:
 
 def is_packed(params) -> bool:
     """Whether `params` comes from `pack_params` (some decoder Dense holds `kernel_packed`)."""
-    return bool(_packed_leaves(params))
+    return bool(packed_arrays(params))
 
 
 def packed_weight_dtype(params) -> str | None:
     """'float32' or 'bfloat16': storage of a packed tree's panels (None: not packed)."""
-    leaves = _packed_leaves(params)
+    leaves = packed_arrays(params)
     return None if not leaves else jnp.dtype(leaves[0].dtype).name
 
 
@@ -343,7 +344,7 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
     if not hasattr(params, "get") or "decoder" not in params:
         return params
     if is_packed(params):  # float32 panels are narrowed to bfloat16 on request, never widened
-        wider = [w for w in _packed_leaves(params) if w.dtype.itemsize > jnp.dtype(dtype).itemsize]
+        wider = [w for w in packed_arrays(params) if w.dtype.itemsize > jnp.dtype(dtype).itemsize]
         if not wider:
             return params
 
