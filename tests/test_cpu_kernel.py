@@ -59,6 +59,23 @@ def test_pack_round_trip_and_leading_axes():
     np.testing.assert_allclose(cpu_kernel.matmul(x, cpu_kernel.pack(w), 50), x @ w, rtol=1e-5)
 
 
+@pytest.mark.parametrize("weight_dtype", ["float32", "bfloat16"])
+def test_pack_op_equals_pad_and_transpose(weight_dtype):
+    """The C++ pack (8-panel blocks, non-temporal stores, tail panel) is bit-identical to XLA's
+    pad + reshape + transpose, also for panel counts that are not multiples of 8 and under vmap."""
+    dtype = cpu_kernel.WEIGHT_DTYPES[weight_dtype]
+    rng = np.random.default_rng(2)
+    for k, n in ((1, 1), (3, 33), (17, 415), (64, 257), (5, 1024), (7, 800)):
+        w = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
+        got, want = cpu_kernel.pack(w, weight_dtype), cpu_kernel._pack_xla(w, dtype)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    ws = jnp.asarray(rng.standard_normal((3, 9, 300)), jnp.float32)
+    got = jax.vmap(lambda x: cpu_kernel.pack(x, weight_dtype))(ws)
+    want = jnp.stack([cpu_kernel._pack_xla(x, dtype) for x in ws])
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
 def test_bad_inputs_are_refused():
     w = jnp.ones((8, 5), jnp.float32)
     packed = cpu_kernel.pack(w)
