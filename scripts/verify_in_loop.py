@@ -1,6 +1,6 @@
 """Why the eval job's verify/step (γ = 5, k = 6) reads higher than profile_verify's k = 8 ratio.
 
-  python scripts/verify_in_loop.py --rounds 40      # -> results/verify_cost/in_loop.{json,md}
+  python scripts/verify_in_loop.py --rounds 40      # -> results/verify_cost/in_loop_{cpu,wall}.{json,md}
 
 On the shipped embedded target (packed for the CPU kernel), one DDTP test input, batch 1, cache
 length 64, 8 steps per `fori_loop` call, k = 1 and k = 6, interleaved rounds:
@@ -171,7 +171,7 @@ def main(argv=None):
     result.update(provenance.record(command))
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "in_loop.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"in_loop_{args.clock}.json").write_text(json.dumps(result, indent=2) + "\n")
     job = result["job"]
     lines = [
         "# Verify step (k = 6) vs one-token step in the loop: harness and cache-state variants",
@@ -202,7 +202,7 @@ def main(argv=None):
             for m, r in result["hot_matmul"].items()
         ),
     ]
-    (out / "in_loop.md").write_text("\n".join(lines) + "\n")
+    (out / f"in_loop_{args.clock}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
