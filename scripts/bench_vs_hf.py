@@ -16,7 +16,7 @@ import shlex
 import sys
 import tempfile
 
-from specdec_t5x import evaluation, gin_utils, hf_compare, provenance, reports
+from specdec_t5x import eval_inputs, gin_utils, hf_compare, provenance, reports
 
 
 def main(argv=None) -> pathlib.Path:
@@ -33,7 +33,7 @@ def main(argv=None) -> pathlib.Path:
     what = "gin_utils.build.obj = (%SPEC_MODEL, %TARGET_PARAMS, %TASK, %GAMMA)"
     gin_utils.parse(args.gin_file, [*args.gin, what], finalize=False)
     spec_model, target_params, task, gamma = gin_utils.build()
-    examples, _ = evaluation.load_examples(
+    examples, _ = eval_inputs.load_examples(
         task, args.split, args.num_examples, args.input_len, args.target_len
     )
     with tempfile.TemporaryDirectory() as work_dir:

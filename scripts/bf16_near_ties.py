@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import evaluation, gin_utils, models, provenance, reports
+from specdec_t5x import eval_inputs, gin_utils, models, provenance, reports
 
 
 def run_setting(gin_files, bindings, examples, input_len, target_len):
@@ -104,7 +104,7 @@ def main(argv=None):
     ]
     gin_utils.parse(args.gin_file, ["gin_utils.build.obj = %TASK"], finalize=False)
     task = gin_utils.build()
-    examples, _ = evaluation.load_examples(
+    examples, _ = eval_inputs.load_examples(
         task, args.split, args.num_examples, args.input_len, args.target_len
     )
     settings = {"bf16 (T5X numerics)": bf16, "bf16 + float32_final_logits": bf16 + f32_logits}

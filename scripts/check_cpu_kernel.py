@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import cpu_kernel, evaluation, gin_utils, models, provenance
+from specdec_t5x import cpu_kernel, eval_inputs, gin_utils, models, provenance
 
 
 def main(argv=None) -> dict:
@@ -31,7 +31,7 @@ def main(argv=None) -> dict:
     what = "gin_utils.build.obj = (%SPEC_MODEL, %TARGET_PARAMS, %TASK)"
     gin_utils.parse(["gin/experiments/embedded_ende_model_t0.gin"], [what], finalize=False)
     spec_model, raw_params, task = gin_utils.build()
-    examples, _ = evaluation.load_examples(task, "test", args.num_examples, 64, 64)
+    examples, _ = eval_inputs.load_examples(task, "test", args.num_examples, 64, 64)
 
     base = models.EncoderDecoderModel(spec_model.module)
     greedy = {"temperature": 0.0, "topk": 0}

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import decoding, drafts, evaluation, metrics, models, provenance, reports, vocab
+from specdec_t5x import decoding, drafts, eval_inputs, metrics, models, provenance, reports, vocab
 
 
 def _greedy_fn(draft):
@@ -39,7 +39,9 @@ def main() -> None:
     parser.add_argument("--out", default="results/training/ngram_drafts_bleu.json")
     args = parser.parse_args()
     vocabulary = vocab.get_vocabulary()
-    examples, _ = evaluation.load_examples(args.task, "test", args.num_examples, 64, 64, vocabulary)
+    examples, _ = eval_inputs.load_examples(
+        args.task, "test", args.num_examples, 64, 64, vocabulary
+    )
     references = [e["targets_pretokenized"] for e in examples]
     result = {"task": args.task, "split": "test", "num_examples": len(examples), "bleu": {}}
     for name in args.drafts.split(","):

@@ -18,7 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import gin  # noqa: E402
 
-from specdec_t5x import embedded, evaluation, gamma_table, gin_utils  # noqa: E402
+from specdec_t5x import embedded, eval_inputs, gamma_table, gin_utils  # noqa: E402
 from specdec_t5x import eval as eval_main  # noqa: E402
 
 DEFAULT_EXPERIMENTS = [
@@ -49,7 +49,7 @@ def main(argv):
             target_params = gin_utils.build()
         query = lambda name: gin.query_parameter(f"%{name}")  # noqa: E731
         settings = {k.lower(): query(k) for k in ("TEMPERATURE", "TOPK", "TOPP")}
-        examples, _ = evaluation.load_examples(
+        examples, _ = eval_inputs.load_examples(
             query("TASK"),
             query("SPLIT"),
             num_examples,

@@ -40,9 +40,9 @@ class _NoEos:
 
 
 def _inputs(n: int, input_len: int) -> list[np.ndarray]:
-    from specdec_t5x import evaluation
+    from specdec_t5x import eval_inputs
 
-    examples, _ = evaluation.load_examples("ddtp_ende", "test", n, input_len, 64)
+    examples, _ = eval_inputs.load_examples("ddtp_ende", "test", n, input_len, 64)
     rows = []
     for ex in examples:
         row = np.zeros((1, input_len), np.int32)

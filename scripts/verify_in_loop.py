@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import cpu_kernel, evaluation, gamma_control, gin_utils, provenance, steps
+from specdec_t5x import cpu_kernel, eval_inputs, gamma_control, gin_utils, provenance, steps
 
 GIN_FILE = "gin/experiments/embedded_ende_model_t0.gin"
 STEPS = 8
@@ -86,7 +86,7 @@ def main(argv=None):
     module = spec_model.module
     params = steps.pack_params(module, raw)
     del raw
-    examples, _ = evaluation.load_examples("ddtp_ende", "test", 1, 64, 64)
+    examples, _ = eval_inputs.load_examples("ddtp_ende", "test", 1, 64, 64)
     enc = np.zeros((1, 64), np.int32)
     enc[0, : len(examples[0]["inputs"])] = examples[0]["inputs"]
     enc = jnp.asarray(enc)

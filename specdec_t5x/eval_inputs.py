@@ -1,14 +1,17 @@
-"""Decoder inputs from token rows: zero-padded int32 matrices and the batches the decoders take.
+"""The eval job's inputs: examples of a seqio task, zero-padded int32 matrices, decoder batches.
 
-The eval job, the γ-control table, the Hugging Face comparison and the token export all feed the
+`load_examples` tokenises a task split with T5's preprocessing (seqio, imported when called). The
+eval job, the γ-control table, the Hugging Face comparison and the token export all feed the
 decoders the same way (T5X's `predict_batch` contract): `encoder_input_tokens` int32
 [batch, input_len], zero-padded, and `decoder_input_tokens` int32 [batch, max_decode_len], all zeros
-for plain decoding (whose width sets the decode length). NumPy and JAX only (no seqio, TensorFlow).
+for plain decoding (whose width sets the decode length). Importing this module loads NumPy and JAX
+only (no seqio, TensorFlow).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -46,3 +49,67 @@ def decode_batch(
         "encoder_input_tokens": jnp.asarray(pad_rows(encoder_rows, input_len)),
         "decoder_input_tokens": jnp.zeros((len(encoder_rows), max_decode_len), jnp.int32),
     }
+
+
+def load_examples(
+    task_name: str,
+    split: str,
+    num_examples: int,
+    input_len: int,
+    target_len: int,
+    vocabulary=None,
+):
+    """Tokenised examples of a registered seqio task (T5's preprocessing, EOS appended).
+
+    T5's paper tasks (`wmt_t2t_ende_v003`, `cnn_dailymail_v002`) are re-registered with
+    `vocabulary` (the model's, from gin) when given, so tokeniser and model always agree.
+
+    Returns:
+      list of dicts with `inputs` / `targets` int32 NumPy arrays (unpadded, <= the lengths) and
+      their `*_pretokenized` strings.
+
+    Raises:
+      ValueError: the task yields no examples for `split`.
+    """
+    import seqio
+
+    from specdec_t5x import tasks  # registers the tasks
+
+    if vocabulary is not None and task_name in (tasks.WMT_TASK, tasks.CNN_DM_TASK):
+        tasks.register_t5_paper_tasks(vocabulary)
+    task = seqio.get_mixture_or_task(task_name)
+    ds = task.get_dataset(
+        {"inputs": input_len, "targets": target_len},
+        split=split,
+        shuffle=False,
+        num_epochs=1,
+        use_cached=False,
+    )
+    examples = []
+    for ex in ds.take(num_examples).as_numpy_iterator():
+        examples.append(
+            {
+                "inputs": np.asarray(ex["inputs"], np.int32),
+                "targets": np.asarray(ex["targets"], np.int32),
+                "inputs_pretokenized": ex.get("inputs_pretokenized", b"").decode(),
+                "targets_pretokenized": ex.get("targets_pretokenized", b"").decode(),
+            }
+        )
+    if not examples:
+        raise ValueError(f"task {task_name!r} has no examples in split {split!r}.")
+    return examples, task
+
+
+def example_batches(
+    examples: Sequence[dict[str, Any]], batch_size: int, input_len: int, max_decode_len: int
+) -> list[tuple[int, dict[str, jax.Array]]]:
+    """`(n, decode_batch)` per `batch_size` consecutive examples (`load_examples` dicts); n is the
+    number of real examples: the last batch is filled up by repeating its last example."""
+    batches = []
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        rows = chunk + [chunk[-1]] * (batch_size - len(chunk))
+        batches.append(
+            (len(chunk), decode_batch([e["inputs"] for e in rows], input_len, max_decode_len))
+        )
+    return batches

@@ -12,12 +12,12 @@ Timing rules (so ratios mean something):
 * each call ends with `jax.block_until_ready`; seconds are wall-clock (`time.perf_counter`);
 * the whole prediction is timed for both (encoder pass + cache set-up + decode loop).
 
-In argmax mode (temperature 0) the job checks itself: `identical_fraction` is the share of examples
-whose speculative tokens equal the baseline's; each difference gets a near-tie report (first
-differing position, the target's top-2 logit gap there). With bfloat16-stored CPU weights
-(`CPU_WEIGHT_DTYPE='bfloat16'`) it also decodes the baseline with the float32 weights (untimed) and
-reports every greedy token the rounding flipped (`weight_flips`: position, both tokens, both logit
-gaps); that run keeps the float32 panels beside the bfloat16 ones (1.5 copies), the default float32
+In argmax mode (temperature 0) the job checks itself (`eval_checks`): `identical_fraction` is the
+share of examples whose speculative tokens equal the baseline's; each difference gets a near-tie
+report (first differing position, the target's top-2 logit gap there). With bfloat16-stored CPU
+weights (`CPU_WEIGHT_DTYPE='bfloat16'`) it also decodes the baseline with the float32 weights
+(untimed) and reports every greedy token the rounding flipped (`weight_flips`: position, both
+tokens, both logit gaps); that run keeps the float32 panels beside the bfloat16 ones (1.5 copies), the default float32
 run holds one copy of each decoder projection.
 """
 
@@ -31,12 +31,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import tqdm
 
 from specdec_t5x import (
     cpu_kernel,
+    eval_checks,
+    eval_inputs,
     gamma_control,
     models,
     multihost,
@@ -44,62 +45,6 @@ from specdec_t5x import (
     reports,
     sampling,
 )
-
-
-def load_examples(
-    task_name: str,
-    split: str,
-    num_examples: int,
-    input_len: int,
-    target_len: int,
-    vocabulary=None,
-):
-    """Tokenised examples of a registered seqio task (T5's preprocessing, EOS appended).
-
-    T5's paper tasks (`wmt_t2t_ende_v003`, `cnn_dailymail_v002`) are re-registered with
-    `vocabulary` (the model's, from gin) when given, so tokeniser and model always agree.
-
-    Returns:
-      list of dicts with `inputs` / `targets` int32 NumPy arrays (unpadded, <= the lengths) and
-      their `*_pretokenized` strings.
-
-    Raises:
-      ValueError: the task yields no examples for `split`.
-    """
-    import seqio
-
-    from specdec_t5x import tasks  # registers the tasks
-
-    if vocabulary is not None and task_name in (tasks.WMT_TASK, tasks.CNN_DM_TASK):
-        tasks.register_t5_paper_tasks(vocabulary)
-    task = seqio.get_mixture_or_task(task_name)
-    ds = task.get_dataset(
-        {"inputs": input_len, "targets": target_len},
-        split=split,
-        shuffle=False,
-        num_epochs=1,
-        use_cached=False,
-    )
-    examples = []
-    for ex in ds.take(num_examples).as_numpy_iterator():
-        examples.append(
-            {
-                "inputs": np.asarray(ex["inputs"], np.int32),
-                "targets": np.asarray(ex["targets"], np.int32),
-                "inputs_pretokenized": ex.get("inputs_pretokenized", b"").decode(),
-                "targets_pretokenized": ex.get("targets_pretokenized", b"").decode(),
-            }
-        )
-    if not examples:
-        raise ValueError(f"task {task_name!r} has no examples in split {split!r}.")
-    return examples, task
-
-
-def _pad(rows: Sequence[np.ndarray], length: int) -> np.ndarray:
-    out = np.zeros((len(rows), length), np.int32)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row[:length]
-    return out
 
 
 def _timed(fn, *args, compiles=None) -> tuple[Any, float]:
@@ -155,45 +100,6 @@ def _pack_draft(draft, draft_params):
     """Draft parameters packed for the CPU kernel when the draft is a T5 network (else as given)."""
     pack = getattr(draft, "pack_params", None)
     return draft_params if pack is None else pack(draft_params)
-
-
-def _weight_flips(module, settings, float32_params, bfloat16_params, batches, tokens, inputs, rng):
-    """The bfloat16-weight run's greedy baseline against float32 weights (untimed decodes).
-
-    Args:
-      module: target network; settings: the run's (greedy) decoder params.
-      float32_params, bfloat16_params: the target with float32 / bfloat16 packed panels.
-      batches: the job's `(n, batch)` list; tokens: the run's baseline tokens per example.
-      inputs: int32 [enc_len] encoder inputs per example; rng: the job's base key.
-
-    Returns:
-      {'identical_fraction_vs_float32', 'num_flipped', 'max_float32_logit_gap', 'flips': one
-      `reports.weight_flip_report` per differing example, with its index}.
-    """
-    float32_model = models.EncoderDecoderModel(module, cpu_weight_dtype="float32")
-    base_fn = jax.jit(
-        lambda tp, b, r: float32_model.predict_batch_with_aux(tp, b, r, decoder_params=settings)[0]
-    )
-    reference = []
-    for i, (n, batch) in enumerate(batches):
-        out = base_fn(float32_params, batch, jax.random.fold_in(rng, i))
-        reference += list(np.asarray(out)[:n])
-    flips = [
-        {
-            "example": idx,
-            **reports.weight_flip_report(
-                module, float32_params, bfloat16_params, inputs[idx], a, b
-            ),
-        }
-        for idx, (a, b) in enumerate(zip(reference, tokens, strict=True))
-        if not np.array_equal(a, b)
-    ]
-    return {
-        "identical_fraction_vs_float32": 1.0 - len(flips) / len(tokens),
-        "num_flipped": len(flips),
-        "max_float32_logit_gap": max((f["float32_logit_gap"] for f in flips), default=None),
-        "flips": flips,
-    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -354,7 +260,7 @@ def evaluate(
     out_dir = pathlib.Path(output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     vocabulary = spec_model.output_vocabulary
-    examples, seqio_task = load_examples(
+    examples, seqio_task = eval_inputs.load_examples(
         task, split, num_examples, input_len, target_len, vocabulary
     )
     eos_id = spec_model.eos_id
@@ -377,21 +283,7 @@ def evaluate(
             gamma_max=auto_gamma_max,
             cost_repeats=cost_repeats,
         )
-    batches = []
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start : start + batch_size]
-        rows = chunk + [chunk[-1]] * (batch_size - len(chunk))  # pad the last batch
-        batches.append(
-            (
-                len(chunk),
-                {
-                    "encoder_input_tokens": jnp.asarray(
-                        _pad([e["inputs"] for e in rows], input_len)
-                    ),
-                    "decoder_input_tokens": jnp.zeros((batch_size, target_len), jnp.int32),
-                },
-            )
-        )
+    batches = eval_inputs.example_batches(examples, batch_size, input_len, target_len)
 
     # Compile and warm up every function on the evaluation shapes (excluded from timing).
     rng0 = jax.random.PRNGKey(seed)
@@ -476,27 +368,21 @@ def evaluate(
     if auto:
         quality_args = (seqio_task, vocabulary, examples, eos_id)
         _add_auto_row(metrics, runs, choices, gamma == "auto", quality_args)
+    inputs = eval_inputs.pad_rows([e["inputs"] for e in examples], input_len)
     near_ties = []
     if sampling_settings.greedy:
-        for idx, (b, s) in enumerate(zip(runs["baseline"].tokens, runs[gamma].tokens, strict=True)):
-            if not np.array_equal(b, s):
-                report = reports.near_tie_report(
-                    spec_model.module,
-                    target_params,
-                    _pad([examples[idx]["inputs"]], input_len)[0],
-                    b,
-                    s,
-                )
-                near_ties.append({"example": idx, **report})
+        near_ties = eval_checks.near_ties(
+            spec_model.module, target_params, inputs, runs["baseline"].tokens, runs[gamma].tokens
+        )
     if reference_params is not None:
-        metrics["weight_flips"] = _weight_flips(
+        metrics["weight_flips"] = eval_checks.weight_flips(
             spec_model.module,
             settings,
             reference_params,
             target_params,
             batches,
             runs["baseline"].tokens,
-            [_pad([e["inputs"]], input_len)[0] for e in examples],
+            inputs,
             rng0,
         )
     metrics.update(

@@ -13,6 +13,7 @@ from conftest import init_params, perturbed, tiny_config
 
 from specdec_t5x import (
     drafts,
+    eval_inputs,
     evaluation,
     gin_utils,
     models,
@@ -398,7 +399,7 @@ def test_bfloat16_cpu_weights_report_what_flipped(tiny_pair, data_dir, tmp_path)
     )
     assert metrics["cpu_weight_dtype"] == "bfloat16"
     report = metrics["weight_flips"]
-    examples, _ = evaluation.load_examples(
+    examples, _ = eval_inputs.load_examples(
         "ddtp_ende", "test", n, input_len, target_len, vocabulary
     )
     enc = jnp.asarray([jnp.pad(e["inputs"], (0, input_len - len(e["inputs"]))) for e in examples])

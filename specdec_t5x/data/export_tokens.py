@@ -2,7 +2,7 @@
 
 `python -m specdec_t5x.data.export_tokens --out FILE.npz [--task ddtp_ende --split test
 --num_examples 64 --input_len 64 --target_len 64]` tokenises the first examples of a registered
-seqio task exactly as the eval job does (`evaluation.load_examples`: T5 preprocessing, EOS
+seqio task exactly as the eval job does (`eval_inputs.load_examples`: T5 preprocessing, EOS
 appended) and writes:
 
 * `inputs`  int32 [num_examples, input_len]: encoder input ids, zero-padded;
@@ -92,10 +92,10 @@ def main(argv: Sequence[str] | None = None) -> pathlib.Path:
     parser.add_argument("--target_len", type=int, default=64)
     args = parser.parse_args(argv)
 
-    from specdec_t5x import evaluation, vocab  # seqio/TF live here, not in the reader
+    from specdec_t5x import vocab  # seqio/TF live in load_examples and vocab, not in the reader
 
     vocabulary = vocab.get_vocabulary()
-    examples, _ = evaluation.load_examples(
+    examples, _ = eval_inputs.load_examples(
         args.task, args.split, args.num_examples, args.input_len, args.target_len, vocabulary
     )
     meta = {
