@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Table 3 for the embedded target: α per draft (unigram, bigram, T5 draft, source-copy) at
-# T ∈ {0, 1} on the DDTP En→De test split (speed is reported too).
+# Table 3 for the embedded targets: α per draft (unigram, bigram, T5 draft, source-copy) at
+# T ∈ {0, 1} on the DDTP En→De and Debian summarization test splits (speed is reported too).
 #
 #   bash scripts/reproduce_table3.sh        # NUM_EXAMPLES=100, writes results/table3/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NUM_EXAMPLES=${NUM_EXAMPLES:-100}
 OUT=${OUT:-results/table3}
+TASKS=${TASKS:-"ende sum"}  # ende: DDTP En→De; sum: Debian long description → synopsis
 rows=()
-for draft in unigram bigram model source_copy; do
-  for t in 0 1; do
-    .venv/bin/python -m specdec_t5x.eval \
-      --gin_file=gin/experiments/embedded_ende_${draft}_t$t.gin \
-      --gin.NUM_EXAMPLES=$NUM_EXAMPLES \
-      --gin.EVAL_OUTPUT_DIR="'$OUT/embedded_ende_${draft}_t$t'"
-    rows+=("$OUT/embedded_ende_${draft}_t$t")
+for task in $TASKS; do
+  for draft in unigram bigram model source_copy; do
+    for t in 0 1; do
+      .venv/bin/python -m specdec_t5x.eval \
+        --gin_file=gin/experiments/embedded_${task}_${draft}_t$t.gin \
+        --gin.NUM_EXAMPLES=$NUM_EXAMPLES \
+        --gin.EVAL_OUTPUT_DIR="'$OUT/embedded_${task}_${draft}_t$t'"
+      rows+=("$OUT/embedded_${task}_${draft}_t$t")
+    done
   done
 done
 .venv/bin/python scripts/summarize_results.py "${rows[@]}" --out "$OUT/table.md"
