@@ -103,21 +103,39 @@ def evaluate_decodes(greedy_decode, params, examples, references, vocabulary, me
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of `run_dir/metrics.jsonl` (duplicates from a resumed run: last one wins)."""
+    """The records of `run_dir/metrics.jsonl` (duplicates from a resumed run: last one wins).
+
+    `run_dir` may also name a metrics file itself (as copied into `results/training/`).
+    """
     by_key = {}
-    with open(pathlib.Path(run_dir) / "metrics.jsonl", encoding="utf-8") as f:
+    path = pathlib.Path(run_dir)
+    with open(path if path.is_file() else path / "metrics.jsonl", encoding="utf-8") as f:
         for line in f:
             record = json.loads(line)
             by_key[(record["split"], record["step"])] = record
     return sorted(by_key.values(), key=lambda r: r["step"])
 
 
-def plot_curves(run_dirs: Mapping[str, str | os.PathLike], out_path: str | os.PathLike) -> None:
+def plot_curves(
+    run_dirs: Mapping[str, str | os.PathLike],
+    out_path: str | os.PathLike,
+    step_offsets: Mapping[str, int] | None = None,
+) -> None:
     """Cross-entropy on the data (left) and validation BLEU (right) of each named run.
 
     Training lines show the data cross-entropy (`xent` for distillation runs, whose `loss` mixes
     in the KL term), so targets and drafts share one scale; dots are validation cross-entropy.
+
+    Args:
+      run_dirs: name -> run folder (or its metrics.jsonl file).
+      out_path: the PNG to write.
+      step_offsets: name -> steps to add, to draw runs that resume an earlier run's weights on one
+        axis of cumulative steps (a run that starts from an export counts from 0).
     """
+    step_offsets = dict(step_offsets or {})
+    if set(step_offsets) - set(run_dirs):
+        unknown = sorted(set(step_offsets) - set(run_dirs))
+        raise ValueError(f"step_offsets names runs not in run_dirs: {unknown}.")
     import matplotlib  # Lazy: plotting is for reports only.
 
     matplotlib.use("Agg")
@@ -125,7 +143,8 @@ def plot_curves(run_dirs: Mapping[str, str | os.PathLike], out_path: str | os.Pa
 
     fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(11, 4))
     for name, run_dir in run_dirs.items():
-        records = read_metrics(run_dir)
+        offset = step_offsets.get(name, 0)
+        records = [{**r, "step": r["step"] + offset} for r in read_metrics(run_dir)]
         tr = [r for r in records if r["split"] == "train"]
         va = [r for r in records if r["split"] == "validation"]
         xent = [r.get("xent_data", r.get("xent", r["loss"])) for r in tr]

@@ -209,3 +209,20 @@ def test_quality_metric_bleu_or_rouge():
     assert rouge == pytest.approx({"rouge1": 200 / 3, "rouge2": 50.0, "rougeL": 200 / 3})
     with pytest.raises(ValueError, match="'meteor'"):
         train.quality([], [], "meteor")
+
+
+def test_plot_curves_offsets_resumed_runs(tmp_path):
+    from specdec_t5x import train_eval
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [
+        {"split": "train", "step": 10, "loss": 3.0},
+        {"split": "validation", "step": 10, "loss": 3.5, "bleu": 1.0},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "curves.png"
+    train_eval.plot_curves({"a": run, "b": run / "metrics.jsonl"}, out, step_offsets={"b": 1000})
+    assert out.stat().st_size > 0
+    with pytest.raises(ValueError, match="'c'"):
+        train_eval.plot_curves({"a": run}, out, step_offsets={"c": 5})
