@@ -44,6 +44,7 @@ from specdec_t5x import (
     provenance,
     reports,
     sampling,
+    time_budget,
 )
 
 
@@ -365,6 +366,21 @@ def evaluate(
         eos_id,
         settings,
     )
+    if gamma != "auto":  # where the time goes: component costs composed (`time_budget`)
+        budget = time_budget.eval_time_budget(
+            spec_model,
+            target_params,
+            draft_params,
+            batches[0][1],
+            metrics,
+            runs,
+            [n for n, _ in batches],
+            gamma=gamma,
+            settings=settings,
+            repeats=cost_repeats,
+        )
+        metrics["time_budget"] = budget
+        metrics["predicted_speedup_measured_costs"] = budget["predicted_speedup"]
     if auto:
         quality_args = (seqio_task, vocabulary, examples, eos_id)
         _add_auto_row(metrics, runs, choices, gamma == "auto", quality_args)

@@ -219,14 +219,15 @@ def summarise(runs, gammas, gamma, costs, examples, seqio_task, vocabulary, eos_
 
 TABLE_HEADER = (
     "| Task | M_q | Temp | γ | α | c | verify/step | tokens/iter | Speed | Predicted (Thm 3.8) "
-    "| Predicted (measured verify) | identical |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| Predicted (measured verify) | Predicted (measured costs) | identical |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def table_row(m: dict[str, Any]) -> str:
     """One markdown row shaped like the paper's Table 2, plus c, the verify cost, tokens per
-    iteration, Thm 3.8 with the measured verify cost (E / (γc + verify)) and identical_fraction
+    iteration, Thm 3.8 with the measured verify cost (E / (γc + verify)), the prediction from all
+    measured component costs (`time_budget`: set-up, loop work, model calls) and identical_fraction
     (1.0 expected at T = 0; at T > 0 outputs are different samples of the same distribution).
 
     An auto-γ row (`m['gamma'] == 'auto'`) shows the γ chosen per example (off = the baseline
@@ -234,11 +235,13 @@ def table_row(m: dict[str, Any]) -> str:
     cost curve (`gamma_control`) in the measured-verify column."""
     if m["gamma"] == "auto":
         return _auto_row(m)
+    costs = m.get("predicted_speedup_measured_costs")  # absent in runs before `time_budget`
+    costs = "–" if costs is None else f"{costs:.2f}X"
     return (
         f"| {m['task']} | {m['draft']} | {m['temperature']:g} | {m['gamma']} | "
         f"{m['alpha_beta']:.2f} | {m['c_measured']:.3f} | {m['verify_cost_ratio']:.2f} | "
         f"{m['tokens_per_iteration']:.2f} | {m['speedup']:.2f}X | {m['predicted_speedup_thm38']:.2f}X | "
-        f"{m['predicted_speedup_measured_verify']:.2f}X | {m['identical_fraction']:.2f} |"
+        f"{m['predicted_speedup_measured_verify']:.2f}X | {costs} | {m['identical_fraction']:.2f} |"
     )
 
 
@@ -249,7 +252,7 @@ def _auto_row(m: dict[str, Any]) -> str:
         f"| {m['task']} | {m['draft']} | {m['temperature']:g} | auto ({chosen}) | "
         f"{m['alpha_display']} | {m['c_measured']:.3f} | {m['verify_cost_ratio']:.2f} | "
         f"{fmt(m['tokens_per_iteration'])} | {m['speedup']:.2f}X | – | "
-        f"{fmt(m['predicted_speedup'])}X | {fmt(m['identical_fraction'])} |"
+        f"{fmt(m['predicted_speedup'])}X | – | {fmt(m['identical_fraction'])} |"
     )
 
 

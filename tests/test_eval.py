@@ -26,7 +26,8 @@ from specdec_t5x import (
 REQUIRED_KEYS = (
     "task split num_examples gamma temperature topk topp draft speedup alpha_counted alpha_beta "
     "c_measured verify_cost_ratio tokens_per_iteration predicted_speedup_thm38 identical_fraction "
-    "baseline_tokens_per_s speculative_tokens_per_s quality hardware commit command"
+    "baseline_tokens_per_s speculative_tokens_per_s quality hardware commit command "
+    "predicted_speedup_measured_verify predicted_speedup_measured_costs time_budget"
 ).split()
 
 
@@ -77,6 +78,18 @@ def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, 
     assert len(rows) == 3 and {"input", "baseline", "speculative", "stats"} <= set(rows[0])
     assert (out / "speedup.png").stat().st_size > 0
     assert "| ddtp_ende | perturbed-tiny |" in (out / "table_row.md").read_text()
+    # Where the time goes: the components add up to the composed times (batch 1: counted calls).
+    budget = written["time_budget"]
+    for side in ("baseline", "speculative"):
+        assert budget[f"{side}_ms"] == pytest.approx(sum(budget[side].values()))
+    assert written["predicted_speedup_measured_costs"] == pytest.approx(
+        budget["baseline_ms"] / budget["speculative_ms"]
+    )
+    assert budget["counts"]["iterations"] == written["target_calls"]
+    assert budget["counts"]["baseline_tokens"] == written["baseline_target_calls"]
+    table = (out / "table_row.md").read_text()
+    assert "Predicted (measured costs)" in table
+    assert f"| {written['predicted_speedup_measured_costs']:.2f}X |" in table
 
 
 def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path):

@@ -1,0 +1,318 @@
+"""Where the eval job's time goes: a speedup predicted from measured component costs.
+
+Theorem 3.8 (and its measured-verify form) models one iteration as γ draft steps plus one verify
+call, and the baseline as one target step per token. A whole `predict_batch_with_aux` call also
+pays for work the theorem leaves out; each part is measured here on its own, never from the
+end-to-end time being predicted:
+
+* set-up: the encoder pass and cache set-up of the target (both decoders) and of the draft
+  (speculative only), amortised over a short output (`measure_setup_ms`);
+* loop work outside the model calls: sampling / argmax, the acceptance test and residual, buffer
+  writes, statistics and the `while_loop` bookkeeping, per iteration (speculative) and per token
+  (baseline), plus a fixed per-call part (`measure_loop_ms`: the real decode loops run with
+  zero-cost models whose logits are a constant row);
+* the model calls: T(1), the draft step and T(γ + 1), in-loop (`cost_curve.step_costs`).
+
+`compose` adds them up with the counted target calls and tokens of the run (counts, not times):
+
+    baseline ≈ setup_T + fixed_b + N_tokens · (T(1) + o_b)
+    speculative ≈ setup_T + setup_D + fixed_s + N_iterations · (γ · draft + T(γ + 1) + o_s(γ))
+
+and predicts speedup = baseline / speculative. The residual (measured − composed, per call) is what
+no component explains (e.g. cache traffic of the real models inside the loop, the draft's
+two-token catch-up call after an all-accepted iteration, which is counted as one draft step).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specdec_t5x import benchmark, decoding, models, speculative
+
+Array = jax.Array
+
+
+def measure_setup_ms(
+    spec_model,
+    target_params,
+    draft_params,
+    encoder_input_tokens: Array,
+    max_decode_len: int,
+    repeats: int = 20,
+) -> dict[str, float]:
+    """Medians (ms) of the target's and the draft's encoder pass + cache set-up, one call each.
+
+    Args:
+      spec_model: `models.SpeculativeEncoderDecoderModel` (its `decoder_state`, `draft.prepare`).
+      target_params, draft_params: as the timed decoders get them (packed).
+      encoder_input_tokens: int32 [batch, enc_len].
+      max_decode_len: cache length.
+      repeats: interleaved timed rounds (`benchmark.time_interleaved`).
+
+    Returns:
+      {'target_setup_ms', 'draft_setup_ms'} per call (whole batch).
+    """
+    enc = jnp.asarray(encoder_input_tokens)
+    target = jax.jit(lambda tp, e: spec_model.decoder_state(tp, e, max_decode_len)[0])
+    draft = jax.jit(lambda dp, e: spec_model.draft.prepare(dp, e, max_decode_len)[0])
+    samples = benchmark.time_interleaved(
+        {"target": lambda: target(target_params, enc), "draft": lambda: draft(draft_params, enc)},
+        repeats,
+    )
+    return {f"{k}_setup_ms": statistics.median(v) for k, v in samples.items()}
+
+
+def _constant_step(vocab: int, eos_id: int):
+    """A zero-cost `steps.BlockStep`: the same logits row at every position (EOS never wins)."""
+    row = jax.random.normal(jax.random.PRNGKey(0), (vocab,)) * 3.0
+    row = row.at[eos_id].set(-1e9)
+
+    def step(tokens, positions, cache):
+        shift = (positions.astype(jnp.float32) * 1e-6)[:, None, None]  # not loop-invariant
+        return jnp.broadcast_to(row, tokens.shape + (vocab,)) + shift, cache
+
+    return step
+
+
+def measure_loop_ms(
+    batch: int,
+    vocab: int,
+    max_decode_len: int,
+    gamma: int,
+    settings: Mapping[str, Any],
+    eos_id: int,
+    repeats: int = 20,
+) -> dict[str, float]:
+    """The decode loops' own work (no model cost), per token / iteration and per call, in ms.
+
+    Runs `decoding.temperature_sample` and `speculative.speculative_sample` with zero-cost models
+    (`_constant_step`: target and draft share one logits row, so every draft is accepted and no
+    EOS is drawn) for `max_decode_len` and `max_decode_len // 2` tokens; the slope is the work per
+    baseline token / speculative iteration (sampling, acceptance test and residual, buffer and
+    statistics updates, loop bookkeeping), the intercept the fixed per-call part.
+
+    Args:
+      batch, vocab, max_decode_len: the decode shapes; gamma: γ; settings: {'temperature',
+        'topk', 'topp'}; eos_id: EOS id; repeats: interleaved rounds.
+
+    Returns:
+      {'baseline_per_token_ms', 'baseline_fixed_ms', 'speculative_per_iteration_ms',
+      'speculative_fixed_ms'}.
+    """
+    step = _constant_step(vocab, eos_id)
+    inputs = jnp.zeros((batch, max_decode_len), jnp.int32)
+    cache = jnp.zeros((), jnp.float32)
+    rng = jax.random.PRNGKey(1)
+    lengths = (max_decode_len, max(1, max_decode_len // 2))
+
+    def base(n):
+        fn = jax.jit(
+            lambda r: decoding.temperature_sample(
+                inputs,
+                cache,
+                models.one_token_logits_fn(step),
+                eos_id,
+                r,
+                max_decode_steps=n,
+                **settings,
+            )[0]
+        )
+        return lambda: fn(rng)
+
+    def spec(n):
+        fn = jax.jit(
+            lambda r: speculative.speculative_sample(
+                inputs,
+                cache,
+                step,
+                cache,
+                step,
+                eos_id,
+                gamma=gamma,
+                decode_rng=r,
+                max_decode_steps=n,
+                **settings,
+            )[0]
+        )
+        return lambda: fn(rng)
+
+    calls = {("base", n): base(n) for n in lengths} | {("spec", n): spec(n) for n in lengths}
+    ms = {k: statistics.median(v) for k, v in benchmark.time_interleaved(calls, repeats).items()}
+    units = {"base": {n: n for n in lengths}, "spec": {n: -(-n // (gamma + 1)) for n in lengths}}
+    out = {}  # all drafts accepted: a call of n tokens takes ceil(n / (γ + 1)) iterations
+    for name, slope_key, fixed_key in (
+        ("base", "baseline_per_token_ms", "baseline_fixed_ms"),
+        ("spec", "speculative_per_iteration_ms", "speculative_fixed_ms"),
+    ):
+        (n1, n2), u = lengths, units[name]
+        slope = max((ms[(name, n1)] - ms[(name, n2)]) / max(u[n1] - u[n2], 1), 0.0)
+        out[slope_key] = slope
+        out[fixed_key] = max(ms[(name, n1)] - slope * u[n1], 0.0)
+    return out
+
+
+def compose(
+    *,
+    gamma: int,
+    num_calls: int,
+    baseline_tokens: int,
+    iterations: int,
+    target_step_ms: float,
+    draft_step_ms: float,
+    verify_step_ms: float,
+    setup: Mapping[str, float],
+    loop: Mapping[str, float],
+    baseline_seconds: float | None = None,
+    speculative_seconds: float | None = None,
+) -> dict[str, Any]:
+    """Composes the run's predicted times (ms) from component costs and counted calls/tokens.
+
+    Args:
+      gamma: γ.
+      num_calls: decode calls (batches) in the run; set-up and fixed costs are paid per call.
+      baseline_tokens: tokens the baseline generated (target calls of the baseline), whole run.
+      iterations: speculative iterations (target verify calls), whole run.
+      target_step_ms, draft_step_ms, verify_step_ms: in-loop model costs per call (ms).
+      setup: `measure_setup_ms` result; loop: `measure_loop_ms` result.
+      baseline_seconds, speculative_seconds: measured totals, only to report the residual
+        (never used in the prediction).
+
+    Returns:
+      {'baseline': {component: ms}, 'speculative': {component: ms}, 'baseline_ms',
+      'speculative_ms', 'predicted_speedup', and with measured seconds 'baseline_residual_ms',
+      'speculative_residual_ms' (measured − composed)}.
+
+    Raises:
+      ValueError: a negative count or cost.
+    """
+    values = dict(
+        num_calls=num_calls,
+        baseline_tokens=baseline_tokens,
+        iterations=iterations,
+        target_step_ms=target_step_ms,
+        draft_step_ms=draft_step_ms,
+        verify_step_ms=verify_step_ms,
+        **setup,
+        **loop,
+    )
+    bad = {k: v for k, v in values.items() if not v >= 0}
+    if bad or gamma < 1:
+        raise ValueError(
+            f"compose needs gamma >= 1 and counts/costs >= 0; got gamma={gamma}, {bad}."
+        )
+    base = {
+        "setup_target": num_calls * setup["target_setup_ms"],
+        "loop_fixed": num_calls * loop["baseline_fixed_ms"],
+        "target_steps": baseline_tokens * target_step_ms,
+        "loop_work": baseline_tokens * loop["baseline_per_token_ms"],
+    }
+    spec = {
+        "setup_target": num_calls * setup["target_setup_ms"],
+        "setup_draft": num_calls * setup["draft_setup_ms"],
+        "loop_fixed": num_calls * loop["speculative_fixed_ms"],
+        "draft_steps": iterations * gamma * draft_step_ms,
+        "verify_calls": iterations * verify_step_ms,
+        "loop_work": iterations * loop["speculative_per_iteration_ms"],
+    }
+    out = {
+        "baseline": base,
+        "speculative": spec,
+        "baseline_ms": sum(base.values()),
+        "speculative_ms": sum(spec.values()),
+    }
+    out["predicted_speedup"] = out["baseline_ms"] / out["speculative_ms"]
+    if baseline_seconds is not None:
+        out["baseline_residual_ms"] = baseline_seconds * 1e3 - out["baseline_ms"]
+    if speculative_seconds is not None:
+        out["speculative_residual_ms"] = speculative_seconds * 1e3 - out["speculative_ms"]
+    return out
+
+
+def per_call_counts(runs, gamma, eos_id: int, rows_per_call: list[int]) -> dict[str, int]:
+    """Counted baseline tokens and speculative iterations, per decode call (longest row of each).
+
+    Args:
+      runs: `reports.Run` records {'baseline': Run, γ: Run}, examples in call order.
+      gamma: the γ key; eos_id: EOS id; rows_per_call: examples per call, in order.
+
+    Returns:
+      {'baseline_tokens', 'iterations', 'speculative_tokens'} summed over calls (with batch 1,
+      the plain totals).
+    """
+    from specdec_t5x import reports  # local: reports imports the decoders
+
+    out, start = {"baseline_tokens": 0, "iterations": 0, "speculative_tokens": 0}, 0
+    for n in rows_per_call:
+        rows = range(start, start + n)
+        out["baseline_tokens"] += max(
+            len(reports.until_eos(runs["baseline"].tokens[r], eos_id)) for r in rows
+        )
+        stats = [runs[gamma].stats[r] for r in rows]
+        out["iterations"] += int(max(s.num_iterations for s in stats))
+        out["speculative_tokens"] += int(max(s.num_generated for s in stats))
+        start += n
+    return out
+
+
+def eval_time_budget(
+    spec_model,
+    target_params,
+    draft_params,
+    batch: Mapping[str, Array],
+    metrics,
+    runs,
+    rows_per_call: list[int],
+    *,
+    gamma: int,
+    settings: Mapping[str, Any],
+    repeats: int = 20,
+) -> dict[str, Any]:
+    """The eval job's `time_budget`: component costs measured on `batch`'s shapes, composed.
+
+    Uses the step costs already in `metrics['step_costs']` (in-loop T(1), draft, T(γ + 1)), adds
+    `measure_setup_ms` and `measure_loop_ms`, and composes with the counted calls (`compose`);
+    also the same composition with iterations from Eq. 1 at the measured α instead of counted
+    (`predicted_speedup_alpha_iterations`; the difference is Jensen's gap: α varies per example
+    and EOS truncates blocks).
+
+    Returns:
+      `compose`'s dict plus 'setup_ms', 'loop_ms', 'counts', 'predicted_speedup_alpha_iterations'
+      and 'measured_speedup'.
+    """
+    from specdec_t5x import theory
+
+    enc = batch["encoder_input_tokens"]
+    L = batch["decoder_input_tokens"].shape[1]
+    setup = measure_setup_ms(spec_model, target_params, draft_params, enc, L, repeats)
+    vocab = spec_model.module.config.vocab_size
+    loop = measure_loop_ms(enc.shape[0], vocab, L, gamma, settings, spec_model.eos_id, repeats)
+    counts = per_call_counts(runs, gamma, spec_model.eos_id, rows_per_call)
+    costs = metrics["step_costs"]
+    model = dict(
+        gamma=gamma,
+        num_calls=len(rows_per_call),
+        baseline_tokens=counts["baseline_tokens"],
+        target_step_ms=costs["target_step_ms"],
+        draft_step_ms=costs["draft_step_ms"],
+        verify_step_ms=costs["verify_step_ms"],
+        setup=setup,
+        loop=loop,
+    )
+    out = compose(
+        iterations=counts["iterations"],
+        baseline_seconds=metrics["baseline_seconds"],
+        speculative_seconds=metrics["speculative_seconds"],
+        **model,
+    )
+    per_iteration = float(theory.expected_tokens_per_iteration(metrics["alpha_beta"], gamma))
+    alpha_iterations = counts["speculative_tokens"] / per_iteration
+    out["predicted_speedup_alpha_iterations"] = compose(iterations=alpha_iterations, **model)[
+        "predicted_speedup"
+    ]
+    out.update(setup_ms=setup, loop_ms=loop, counts=counts, measured_speedup=metrics["speedup"])
+    return out
