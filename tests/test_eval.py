@@ -87,6 +87,11 @@ def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, 
     )
     assert budget["counts"]["iterations"] == written["target_calls"]
     assert budget["counts"]["baseline_tokens"] == written["baseline_target_calls"]
+    ladder = list(budget["ladder"].values())
+    assert ladder[-1] == written["predicted_speedup_measured_costs"]
+    if budget["counts"]["baseline_tokens"] == budget["counts"]["speculative_tokens"]:
+        # Model calls only, iterations from Eq. 1 at α: Thm 3.8 with the measured verify cost.
+        assert ladder[0] == pytest.approx(written["predicted_speedup_measured_verify"], rel=1e-9)
     table = (out / "table_row.md").read_text()
     assert "Predicted (measured costs)" in table
     assert f"| {written['predicted_speedup_measured_costs']:.2f}X |" in table
