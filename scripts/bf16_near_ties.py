@@ -17,75 +17,20 @@ import shlex
 import sys
 
 import gin
-import jax
-import jax.numpy as jnp
-import numpy as np
 
-from specdec_t5x import eval_inputs, gin_utils, models, provenance, reports
+from specdec_t5x import eval_checks, eval_inputs, gin_utils, provenance
 
 
 def run_setting(gin_files, bindings, examples, input_len, target_len):
-    """Baseline and speculative greedy decodes of `examples` for one numerics setting."""
+    """`eval_checks.greedy_flip_report` of `examples` for one numerics setting (gin bindings)."""
     gin.clear_config()
     what = "gin_utils.build.obj = (%SPEC_MODEL, %TARGET_PARAMS, %GAMMA)"
     gin_utils.parse(gin_files, [*bindings, what], finalize=False)
     spec_model, target_params, gamma = gin_utils.build()
-    baseline_model = models.EncoderDecoderModel(spec_model.module)
-    enc = np.zeros((len(examples), input_len), np.int32)
-    for i, ex in enumerate(examples):
-        enc[i, : len(ex["inputs"])] = ex["inputs"]
-    batch = {
-        "encoder_input_tokens": jnp.asarray(enc),
-        "decoder_input_tokens": jnp.zeros((len(examples), target_len), jnp.int32),
-    }
-    greedy = {"temperature": 0.0}
-    baseline = jax.jit(
-        lambda p, b: baseline_model.predict_batch_with_aux(p, b, decoder_params=greedy)[0]
-    )(target_params, batch)
-    spec = jax.jit(
-        lambda p, dp, b: spec_model.predict_batch_with_aux(
-            p, b, decoder_params={**greedy, "gamma": int(gamma)}, draft_params=dp
-        )[0]
-    )(target_params, spec_model.draft.params, batch)
-    baseline, spec = np.asarray(baseline), np.asarray(spec)
-    flips = []
-    for i in np.flatnonzero((baseline != spec).any(-1)):
-        report = reports.near_tie_report(
-            spec_model.module, target_params, enc[i], baseline[i], spec[i]
-        )
-        logits = spec_model.module.apply(
-            {"params": target_params},
-            enc[i : i + 1],
-            np.pad(baseline[i : i + 1, :-1], ((0, 0), (1, 0))),
-            np.ones_like(baseline[i : i + 1]),
-            enable_dropout=False,
-        )[0, report["position"]]
-        top = float(jnp.max(logits))
-        report["bf16_spacing_at_top_logit"] = float(2.0 ** (np.floor(np.log2(abs(top))) - 7))
-        flips.append({"example": int(i), **report})
-    return {
-        "bindings": list(bindings),
-        "identical_fraction": float(np.mean((baseline == spec).all(-1))),
-        "num_differing": len(flips),
-        "largest_flipped_top2_gap": max((f["top2_logit_gap"] for f in flips), default=None),
-        "flips": flips,
-    }
-
-
-def table(result) -> str:
-    lines = [
-        "| setting | identical | differing | largest flipped top-2 gap |",
-        "|---|---|---|---|",
-    ]
-    for name, r in result["settings"].items():
-        gap = r["largest_flipped_top2_gap"]
-        lines.append(
-            f"| {name} | {r['identical_fraction']:.3f} | {r['num_differing']} | "
-            f"{'-' if gap is None else f'{gap:.4f}'} |"
-        )
-    lines += ["", f"command: `{result['command']}`", f"commit: {result['commit']}"]
-    lines += [f"date: {result['date']}", f"hardware: {result['hardware']}"]
-    return "\n".join(lines) + "\n"
+    report = eval_checks.greedy_flip_report(
+        spec_model, target_params, gamma, examples, input_len, target_len
+    )
+    return {"bindings": list(bindings), **report}
 
 
 def main(argv=None):
@@ -117,7 +62,9 @@ def main(argv=None):
     command = shlex.join(
         ["python", "scripts/bf16_near_ties.py", *(sys.argv[1:] if argv is None else argv)]
     )
-    path = provenance.write_results(result, args.out_dir, "bf16_near_ties", command, table)
+    path = provenance.write_results(
+        result, args.out_dir, "bf16_near_ties", command, eval_checks.flip_table
+    )
     print(path.with_suffix(".md").read_text())
 
 

@@ -6,7 +6,8 @@ Decodes the first N examples of the `ddtp_ende` test split with the shipped embe
 (baseline greedy) with the kernel on (float32 and bfloat16 packed weights) and off
 (`SPECDEC_CPU_KERNEL=0`, XLA's jnp.dot), and speculatively (shipped T5 draft, γ = 5) with the
 kernel on; counts identical token sequences against the kernel-off baseline and lists the examples
-that differ (first differing position). Batch 1, input/target length 64, as the eval job.
+that differ (first differing position). Batch 1, input/target length 64, as the eval job
+(`eval_checks.kernel_greedy_identity`).
 """
 
 import argparse
@@ -15,11 +16,7 @@ import pathlib
 import shlex
 import sys
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from specdec_t5x import cpu_kernel, eval_inputs, gin_utils, models, provenance
+from specdec_t5x import cpu_kernel, eval_checks, eval_inputs, gin_utils, provenance
 
 
 def main(argv=None) -> dict:
@@ -32,48 +29,7 @@ def main(argv=None) -> dict:
     gin_utils.parse(["gin/experiments/embedded_ende_model_t0.gin"], [what], finalize=False)
     spec_model, raw_params, task = gin_utils.build()
     examples, _ = eval_inputs.load_examples(task, "test", args.num_examples, 64, 64)
-
-    base = models.EncoderDecoderModel(spec_model.module)
-    greedy = {"temperature": 0.0, "topk": 0}
-    variants = {}
-    with cpu_kernel.env_setting(False):
-        variants["xla"] = (raw_params, None)
-    for dtype in ("float32", "bfloat16"):
-        variants[f"kernel_{dtype}"] = (
-            models.pack_params(spec_model.module, raw_params, dtype),
-            None,
-        )
-    draft_params = spec_model.draft.pack_params(spec_model.draft.params)
-    variants["kernel_speculative"] = (variants["kernel_float32"][0], draft_params)
-    base_fn = jax.jit(lambda tp, b: base.predict_batch_with_aux(tp, b, decoder_params=greedy)[0])
-    spec_fn = jax.jit(
-        lambda tp, dp, b: spec_model.predict_batch_with_aux(
-            tp, b, decoder_params={**greedy, "gamma": args.gamma}, draft_params=dp
-        )[0]
-    )
-    tokens = {name: [] for name in variants}
-    for ex in examples:
-        enc = np.zeros((1, 64), np.int32)
-        enc[0, : len(ex["inputs"])] = ex["inputs"][:64]
-        batch = {
-            "encoder_input_tokens": jnp.asarray(enc),
-            "decoder_input_tokens": jnp.zeros((1, 64), jnp.int32),
-        }
-        for name, (tp, dp) in variants.items():
-            with cpu_kernel.env_setting(
-                name != "xla"
-            ):  # jit traces on the first call, under this setting
-                out = base_fn(tp, batch) if dp is None else spec_fn(tp, dp, batch)
-            tokens[name].append(np.asarray(out)[0])
-    ref = tokens["xla"]
-    result = {"num_examples": len(examples), "variants": {}}
-    for name, toks in tokens.items():
-        diffs = [
-            {"example": i, "first_position": int(np.nonzero(a != b)[0][0])}
-            for i, (a, b) in enumerate(zip(toks, ref, strict=True))
-            if not np.array_equal(a, b)
-        ]
-        result["variants"][name] = {"identical": len(toks) - len(diffs), "differing": diffs}
+    result = eval_checks.kernel_greedy_identity(spec_model, raw_params, examples, args.gamma)
     result.update(
         reference="xla (SPECDEC_CPU_KERNEL=0, baseline greedy)",
         gamma=args.gamma,
