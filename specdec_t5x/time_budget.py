@@ -331,4 +331,64 @@ def eval_time_budget(
         "+ encoder and cache set-up, fixed per call": out["predicted_speedup"],
     }
     out.update(setup_ms=setup, loop_ms=loop, counts=counts, measured_speedup=metrics["speedup"])
+    # In-loop costs of each model (the other one free), beside the stand-alone ones.
+    in_loop = measure_in_loop_ms(
+        spec_model, target_params, draft_params, batch, gamma, settings, max(2, repeats // 4)
+    )
+    work = loop["speculative_per_iteration_ms"]
+    in_loop["verify_in_loop_ms"] = in_loop["real_target_per_iteration_ms"] - work
+    in_loop["drafting_in_loop_ms"] = in_loop["real_draft_per_iteration_ms"] - work
+    in_loop["verify_step_ms"] = costs["verify_step_ms"]
+    in_loop["drafting_step_ms"] = gamma * costs["draft_step_ms"]
+    out["in_loop_ms"] = in_loop
     return out
+
+
+def measure_in_loop_ms(
+    spec_model,
+    target_params,
+    draft_params,
+    batch: Mapping[str, Array],
+    gamma: int,
+    settings: Mapping[str, Any],
+    repeats: int = 5,
+) -> dict[str, float]:
+    """Each model's cost per iteration inside the real speculative loop (the other one free).
+
+    Runs `speculative.speculative_sample` on `batch` with the real target and a zero-cost draft
+    (`_constant_step`), and with a zero-cost target and the real draft; caches are built once,
+    outside the timed call. Per iteration: call time / counted iterations. Subtracting the loop
+    work (`measure_loop_ms`) leaves the in-loop verify call and the in-loop γ draft steps, to set
+    beside the stand-alone step costs (`cost_curve.step_costs`).
+
+    Returns:
+      {'real_target_per_iteration_ms', 'real_draft_per_iteration_ms'} (whole batch, medians).
+    """
+    enc = batch["encoder_input_tokens"]
+    inputs = jnp.zeros_like(batch["decoder_input_tokens"])
+    L = inputs.shape[1]
+    target_cache, target_step = spec_model.decoder_state(target_params, enc, L)
+    draft_cache, draft_step = spec_model.draft.prepare(draft_params, enc, L)
+    vocab = spec_model.module.config.vocab_size
+    free_step, free_cache = _constant_step(vocab, spec_model.eos_id), jnp.zeros((), jnp.float32)
+    rng = jax.random.PRNGKey(2)
+
+    def run(tc, ts, dc, ds):
+        fn = jax.jit(
+            lambda tc, dc, r: (
+                speculative.speculative_sample(
+                    inputs, tc, ts, dc, ds, spec_model.eos_id, gamma=gamma, decode_rng=r, **settings
+                )[1].num_iterations
+            )
+        )
+        return lambda: fn(tc, dc, rng)
+
+    calls = {
+        "real_target": run(target_cache, target_step, free_cache, free_step),
+        "real_draft": run(free_cache, free_step, draft_cache, draft_step),
+    }
+    samples = benchmark.time_interleaved(calls, repeats, warmup=1)
+    return {
+        f"{k}_per_iteration_ms": statistics.median(v) / max(int(jnp.max(calls[k]())), 1)
+        for k, v in samples.items()
+    }
