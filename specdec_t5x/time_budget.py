@@ -286,8 +286,6 @@ def eval_time_budget(
       the model calls alone, which is Thm 3.8 with the measured verify cost when the iterations
       come from Eq. 1 at α, to the full composition).
     """
-    from specdec_t5x import theory
-
     enc = batch["encoder_input_tokens"]
     L = batch["decoder_input_tokens"].shape[1]
     setup = measure_setup_ms(spec_model, target_params, draft_params, enc, L, repeats)
@@ -311,7 +309,7 @@ def eval_time_budget(
         speculative_seconds=metrics["speculative_seconds"],
         **model,
     )
-    per_iteration = float(theory.expected_tokens_per_iteration(metrics["alpha_beta"], gamma))
+    per_iteration = metrics["expected_tokens_per_iteration_eq1"]  # Eq. 1 at α (α = 1 allowed)
     alpha_iterations = counts["speculative_tokens"] / per_iteration
     speedup = lambda **kw: compose(**{**model, **kw})["predicted_speedup"]  # noqa: E731
     out["predicted_speedup_alpha_iterations"] = speedup(iterations=alpha_iterations)

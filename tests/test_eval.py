@@ -274,6 +274,8 @@ def test_every_gin_decoding_setting_reaches_the_decoders_or_errors(data_dir, tmp
     errors (`test_gin` checks every sampler parameter is rejected)."""
     costs = {"c": 0.1, "verify_cost_ratio": 1.0}
     monkeypatch.setattr(evaluation, "measure_step_costs", lambda *args, **kwargs: costs)
+    budget = {"predicted_speedup": 1.0}  # timing is not what this test is about
+    monkeypatch.setattr(evaluation.time_budget, "eval_time_budget", lambda *a, **k: budget)
     greedy, greedy_tokens = _run_eval_job(tmp_path, "greedy", [])
     assert greedy["gamma"] == 3 and len(greedy["accept_histogram"]) == 4  # the experiment's γ
     assert all(b == s for b, s in greedy_tokens)  # argmax mode: speculative == baseline
