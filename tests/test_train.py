@@ -190,9 +190,10 @@ def test_train_gin_builds_embedded_models(clean_gin, which):
     not all(embedded.params_path(f"embedded_ende_{w}").is_file() for w in ("target", "draft")),
     reason="shipped embedded models not present (scripts/train_embedded.sh makes them)",
 )
-def test_shipped_params_fit_their_gin_architectures(clean_gin):
+@pytest.mark.parametrize("task", ["ende", "sum"])
+def test_shipped_params_fit_their_gin_architectures(clean_gin, task):
     gin_utils.parse(
-        ["models/embedded_ende_target.gin", "models/embedded_ende_draft.gin"],
+        [f"models/embedded_{task}_target.gin", f"models/embedded_{task}_draft.gin"],
         ["gin_utils.build.obj = (%TARGET_MODULE, %TARGET_PARAMS, %DRAFT_MODULE, %DRAFT_PARAMS)"],
     )
     target_module, target_params, draft_module, draft_params = gin_utils.build()
