@@ -48,22 +48,37 @@ def _replace(path: pathlib.Path, name: str, body: str) -> None:
     path.write_text(f"{head}{start}\n{body.strip()}\n{end}{tail}")
 
 
+def _existing(dirs):
+    """The row folders that have a metrics.json (the summarization rows need its models)."""
+    return [d for d in dirs if (d / "metrics.json").is_file()]
+
+
 def main() -> None:
     demo = [RESULTS / "demo" / f"embedded_ende_model_t{t}" for t in (0, 1)]
     _replace(ROOT / "README.md", "demo", _table(demo))
-    t2 = [RESULTS / "table2" / f"embedded_ende_model_t{t}" for t in (0, 1)]
-    rows3 = [
-        RESULTS / "table3" / f"embedded_ende_{d}_t{t}"
-        for d in ("unigram", "bigram", "model", "source_copy")
-        for t in (0, 1)
-    ]
-    m0, m1 = _metrics(t2[0]), _metrics(t2[1])
-    body = (
-        f"{_table(t2)}\n\nγ sweep at T = 0 (same run; c = {m0['c_measured']:.3f}, verify/step = "
-        f"{m0['verify_cost_ratio']:.2f} measured at the headline γ):\n\n{_sweep(m0)}\n\n"
-        f"γ sweep at T = 1 (c = {m1['c_measured']:.3f}, verify/step = "
-        f"{m1['verify_cost_ratio']:.2f}):\n\n{_sweep(m1)}"
+    t2 = _existing(
+        [
+            RESULTS / "table2" / f"embedded_{task}_model_t{t}"
+            for task in ("ende", "sum")
+            for t in (0, 1)
+        ]
     )
+    rows3 = _existing(
+        [
+            RESULTS / "table3" / f"embedded_{task}_{d}_t{t}"
+            for task in ("ende", "sum")
+            for d in ("unigram", "bigram", "model", "source_copy")
+            for t in (0, 1)
+        ]
+    )
+    sweeps = []
+    for d in t2:
+        m = _metrics(d)
+        sweeps.append(
+            f"γ sweep, {m['task']} at T = {m['temperature']:g} (same run; c = {m['c_measured']:.3f}, "
+            f"verify/step = {m['verify_cost_ratio']:.2f} measured at the headline γ):\n\n{_sweep(m)}"
+        )
+    body = "\n\n".join([_table(t2), *sweeps])
     _replace(RESULTS / "README.md", "table2", body)
     _replace(RESULTS / "README.md", "table3", _table(rows3))
 
