@@ -39,6 +39,18 @@ def perturbed(params, scale: float, seed: int):
     return jax.tree_util.tree_unflatten(treedef, noisy)
 
 
+def tiny_spec_pair():
+    """(SpeculativeEncoderDecoderModel, target params): a tiny random target on the shipped
+    SentencePiece vocabulary and a draft of its weights perturbed by 5 % noise."""
+    from specdec_t5x import drafts, models, vocab
+
+    vocabulary = vocab.get_vocabulary()
+    module = network.Transformer(tiny_config(vocab_size=vocab.model_vocab_size(vocabulary)))
+    params = init_params(module, 3)
+    draft = drafts.T5Draft(module, perturbed(params, 0.05, 4))
+    return models.SpeculativeEncoderDecoderModel(module, draft, vocabulary, vocabulary), params
+
+
 def encoder_inputs(batch: int, length: int, lengths, vocab: int = 32, seed: int = 0):
     """int32 [batch, length] random tokens in [3, vocab) with row b padded after lengths[b]."""
     rng = np.random.RandomState(seed)

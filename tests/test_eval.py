@@ -9,10 +9,9 @@ import gin
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import init_params, perturbed, tiny_config
+from conftest import init_params, perturbed, tiny_config, tiny_spec_pair
 
 from specdec_t5x import (
-    drafts,
     eval_inputs,
     evaluation,
     gin_utils,
@@ -33,11 +32,7 @@ REQUIRED_KEYS = (
 
 @pytest.fixture(scope="module")
 def tiny_pair():
-    vocabulary = vocab.get_vocabulary()
-    module = network.Transformer(tiny_config(vocab_size=vocab.model_vocab_size(vocabulary)))
-    params = init_params(module, 3)
-    draft = drafts.T5Draft(module, perturbed(params, 0.05, 4))
-    return models.SpeculativeEncoderDecoderModel(module, draft, vocabulary, vocabulary), params
+    return tiny_spec_pair()
 
 
 def _evaluate_tiny(tiny_pair, out, **kwargs):

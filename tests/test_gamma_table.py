@@ -4,18 +4,14 @@ import json
 
 import numpy as np
 import pytest
-from conftest import init_params, perturbed, tiny_config
+from conftest import tiny_spec_pair
 
-from specdec_t5x import drafts, gamma_table, models, network, vocab
+from specdec_t5x import gamma_table
 
 
 @pytest.fixture(scope="module")
 def compared():
-    vocabulary = vocab.get_vocabulary()
-    module = network.Transformer(tiny_config(vocab_size=vocab.model_vocab_size(vocabulary)))
-    params = init_params(module, 3)
-    draft = drafts.T5Draft(module, perturbed(params, 0.05, 4))
-    spec_model = models.SpeculativeEncoderDecoderModel(module, draft, vocabulary, vocabulary)
+    spec_model, params = tiny_spec_pair()
     rng = np.random.RandomState(0)
     inputs = [rng.randint(3, 30, n).astype(np.int32) for n in (5, 9, 7)]
     settings = {"temperature": 0.0, "topk": 0, "topp": 0.0}
