@@ -145,6 +145,11 @@ def _add_auto_row(metrics, runs, choices, headline, quality_args) -> None:
         best_fixed_gamma=int(best),
         best_fixed_speedup=sweep[best]["speedup"],
         auto_over_best_fixed=row["speedup"] / sweep[best]["speedup"],
+        # Paired bootstrap over examples (5th, 95th percentiles): the run-to-run spread.
+        speedup_interval=gamma_control.bootstrap_interval(base.seconds, run.seconds),
+        auto_over_best_fixed_interval=gamma_control.bootstrap_interval(
+            runs[int(best)].seconds, run.seconds
+        ),
     )
     metrics["auto"] = row
     if headline:
@@ -320,7 +325,7 @@ def evaluate(
                     auto_decoder.decode, g, batch, rng, compiles=compiles
                 )
                 auto_decoder.update(aux)
-                auto_decoder.observe(g, seconds, np.asarray(tokens)[:n])  # measured speed
+                auto_decoder.observe(g, seconds, tokens, aux)  # measured vs modelled
                 choices += [(g, predicted)] * n
                 stats = jax.tree_util.tree_map(np.asarray, aux.get("stats"))
             else:

@@ -231,8 +231,9 @@ def table_row(m: dict[str, Any]) -> str:
     (1.0 expected at T = 0; at T > 0 outputs are different samples of the same distribution).
 
     An auto-γ row (`m['gamma'] == 'auto'`) shows the γ chosen per example (off = the baseline
-    alone), α or "off" when no example ran speculatively, and its prediction from the measured
-    cost curve (`gamma_control`) in the measured-verify column."""
+    alone), α or "off" when no example ran speculatively, its speed with the paired-bootstrap 5–95 %
+    interval over examples, and its prediction from the measured cost curve (`gamma_control`) in
+    the measured-verify column."""
     if m["gamma"] == "auto":
         return _auto_row(m)
     costs = m.get("predicted_speedup_measured_costs")  # absent in runs before `time_budget`
@@ -248,10 +249,13 @@ def table_row(m: dict[str, Any]) -> str:
 def _auto_row(m: dict[str, Any]) -> str:
     chosen = ", ".join(f"{'off' if g == '0' else g}×{n}" for g, n in m["gamma_chosen"].items())
     fmt = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
+    speed = f"{m['speedup']:.2f}X"
+    if m.get("speedup_interval"):  # paired bootstrap 5–95 % over examples
+        speed += " ({:.2f}–{:.2f})".format(*m["speedup_interval"])
     return (
         f"| {m['task']} | {m['draft']} | {m['temperature']:g} | auto ({chosen}) | "
         f"{m['alpha_display']} | {m['c_measured']:.3f} | {m['verify_cost_ratio']:.2f} | "
-        f"{fmt(m['tokens_per_iteration'])} | {m['speedup']:.2f}X | – | "
+        f"{fmt(m['tokens_per_iteration'])} | {speed} | – | "
         f"{fmt(m['predicted_speedup'])}X | – | {fmt(m['identical_fraction'])} |"
     )
 

@@ -110,9 +110,11 @@ def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path)
     auto = metrics["auto"]
     assert sum(auto["gamma_chosen"].values()) == 2 and auto["gamma_chosen"].get("1", 0) >= 1
     assert auto["best_fixed_gamma"] == 1 and auto["speedup"] > 0
+    low, high = auto["speedup_interval"]
+    assert low <= auto["speedup"] <= high and len(auto["auto_over_best_fixed_interval"]) == 2
     assert metrics["compilations_during_timing"] == 0  # each γ compiled before its timed call
     rows = (out / "table_row.md").read_text().splitlines()
-    assert len(rows) == 4 and "| auto (" in rows[3]
+    assert len(rows) == 4 and "| auto (" in rows[3] and f"X ({low:.2f}–{high:.2f}) |" in rows[3]
     # An auto headline that never ran speculatively says "off" instead of an α.
     off = {**metrics, **auto, "gamma": "auto", "gamma_chosen": {"0": 2}, "alpha_display": "off"}
     assert "| auto (off×2) | off |" in reports.table_row(off)
