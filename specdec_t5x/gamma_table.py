@@ -5,11 +5,11 @@ every speculative variant, interleaved example by example (the order rotates eac
 machine noise hits all variants alike), each call compiled beforehand and timed with
 `block_until_ready`, and reports per variant: tokens per iteration, α (Corollary 3.6 β estimate),
 the measured speedup (total baseline seconds / total variant seconds, with the spread of the
-per-example ratios) and the predicted speedup (`cost_curve.CostCurve.predicted_speedup` on the measured cost curve at the
-measured α, for calls of the row's mean longest-row length, so the per-call set-up counts; for auto
-rows the prediction for the γ chosen last; for block rows it is Eq. 1's token-verification count, a
-lower bound). Auto rows also report the γ they
-chose (0 = off: the baseline itself).
+per-example ratios) and the predicted speedup (`cost_curve.CostCurve.predicted_speedup` on the
+measured cost curve at the measured α, for calls of the row's mean longest-row length, so the
+per-call set-up counts; for auto rows the prediction for the γ chosen last; for block rows it is
+Eq. 1's token-verification count, a lower bound). Auto rows also report the γ they chose (0 = off:
+the baseline itself).
 
 Variants (names used in the table):
 
