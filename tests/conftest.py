@@ -1,6 +1,8 @@
 """Shared tiny fixtures: T5X's `tiny` config and random target/draft pairs."""
 
+import hashlib
 import json
+import platform
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +26,30 @@ TINY = dict(
 
 def tiny_config(vocab_size=32, **overrides) -> network.T5Config:
     return network.T5Config(vocab_size=vocab_size, **{**TINY, **overrides})
+
+
+def machine_fingerprint() -> str:
+    """12 hex digits naming what decides XLA:CPU's float32 kernels here: CPU vendor, family, model,
+    feature flags (Linux /proc/cpuinfo; `platform.processor()` elsewhere) and the jaxlib version.
+
+    Float32 summation order inside XLA's dot kernels depends on the CPU they are chosen for, so a
+    T5X golden is bitwise only on a machine with the same fingerprint (tests/golden/README.md).
+    """
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("vendor_id", "cpu family", "model", "flags") and key not in fields:
+                    fields[key] = " ".join(sorted(value.split()))
+    except OSError:
+        fields["processor"] = platform.processor()
+    import jaxlib
+
+    fields["jaxlib"] = jaxlib.__version__
+    text = json.dumps(fields, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def init_params(module: network.Transformer, seed: int):
