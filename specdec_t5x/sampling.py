@@ -241,7 +241,7 @@ def inverse_cdf_sample(uniform: Array, probs: Array) -> Array:
     `jax.random.categorical`.
 
     Args:
-      uniform: float32 [...] in [0, 1) (e.g. `jax.random.uniform`).
+      uniform: float32 [...] in [0, 1) (e.g. `jax.random.uniform`); 1 is accepted too.
       probs: float32 [..., vocab] non-negative, with a positive sum per row (need not be 1).
 
     Returns:

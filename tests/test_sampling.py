@@ -149,7 +149,8 @@ def test_inverse_cdf_sample_never_returns_a_zero_probability_token():
     probs[3, [5, 256]] = [1.0, 1e-30]  # a tiny last entry after two empty blocks
     probs[4, 130:140] = 1e-37  # the smallest normal float32 magnitudes only
     probs[5] = _inverse_cdf_rows(vocab)[0]  # top-k masked
-    extremes = np.array([0.0, 1e-30, 0.5, 1 - 2**-24, np.nextafter(np.float32(1), 0)], np.float32)
+    # u = 1 is outside jax.random.uniform's range but accepted (u · total is kept below total).
+    extremes = np.array([0.0, 1e-30, 0.5, np.nextafter(np.float32(1), 0), 1.0], np.float32)
     u = np.concatenate([extremes, np.linspace(0, 1, 2001, endpoint=False, dtype=np.float32)])
     for r, row in enumerate(probs):
         tokens = np.asarray(
@@ -158,9 +159,10 @@ def test_inverse_cdf_sample_never_returns_a_zero_probability_token():
         assert np.all(row[tokens] > 0), (r, np.unique(tokens[row[tokens] == 0]))
     # u = 0 gives the first token with positive mass, u -> 1 the last one (up to float32).
     first = sampling.inverse_cdf_sample(jnp.zeros(4), jnp.asarray(probs[:4]))
-    last = sampling.inverse_cdf_sample(jnp.full(4, extremes[-1]), jnp.asarray(probs[:4]))
     np.testing.assert_array_equal(first, [0, vocab - 1, 127, 5])
-    np.testing.assert_array_equal(last, [0, vocab - 1, 128, 5])  # 1 + 1e-30 rounds to 1
+    for u_last in extremes[-2:]:
+        last = sampling.inverse_cdf_sample(jnp.full(4, u_last), jnp.asarray(probs[:4]))
+        np.testing.assert_array_equal(last, [0, vocab - 1, 128, 5])  # 1 + 1e-30 rounds to 1
     # No positive mass at all (contract violated): still an id inside the vocabulary.
     empty = sampling.inverse_cdf_sample(jnp.asarray(extremes), jnp.zeros((len(extremes), vocab)))
     assert np.all((np.asarray(empty) >= 0) & (np.asarray(empty) < vocab))
