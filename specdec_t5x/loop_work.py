@@ -19,11 +19,9 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, decoding, models, time_budget
+from specdec_t5x import benchmark, time_budget
 
 # Modules of the speculative sampler's side that `sampler_at_commit` loads from the commit.
 _SAMPLER_MODULES = ("sampling", "verification", "speculative")
@@ -107,40 +105,20 @@ def measure_per_iteration_ms(
             f"max_decode_len={max_decode_len} is too short for γ={gamma}: the two decode lengths "
             "must differ in iterations."
         )
-    step = time_budget._constant_step(vocab, eos_id)
-    inputs = jnp.zeros((batch, max_decode_len), jnp.int32)
-    cache = jnp.zeros((), jnp.float32)
-    rng = jax.random.PRNGKey(1)
-
-    def call(name: str, n: int):
-        if name == "baseline":
-            fn = lambda r: decoding.temperature_sample(  # noqa: E731
-                inputs,
-                cache,
-                models.one_token_logits_fn(step),
-                eos_id,
-                r,
-                max_decode_steps=n,
-                **settings,
-            )[0]
-        else:
-            sample = samplers[name]
-            fn = lambda r: sample(  # noqa: E731
-                inputs,
-                cache,
-                step,
-                cache,
-                step,
-                eos_id,
-                gamma=gamma,
-                decode_rng=r,
-                max_decode_steps=n,
-                **settings,
-            )[0]
-        jitted = jax.jit(fn)
-        return lambda: jitted(rng)
-
-    calls = {(name, n): call(name, n) for name in units for n in lengths}
+    calls = {  # samplers.get('baseline') is None: the baseline
+        (name, n): time_budget.zero_cost_decode(
+            samplers.get(name),
+            gamma,
+            max_decode_steps=n,
+            settings=settings,
+            batch=batch,
+            vocab=vocab,
+            max_decode_len=max_decode_len,
+            eos_id=eos_id,
+        )
+        for name in units
+        for n in lengths
+    }
     samples = benchmark.time_interleaved(calls, repeats)
     out = {}
     for name, (u1, u2) in units.items():
