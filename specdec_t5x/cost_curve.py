@@ -114,16 +114,15 @@ def measure_sampling_ms(
 
     def speculative(gamma):
         def work(key, logits):  # logits [b, γ + 1, V] stand in for both models'
-            if greedy:
-                drafts = sampling.argmax(logits[:, :gamma])
+            if greedy:  # the sampler's argmax (`speculative._draft_block`)
+                drafts = sampling.first_argmax(logits[:, :gamma])
                 return verify.greedy_accept(drafts, logits, None).extra
             adjusted = sampling.adjust_logits(logits, temperature, topk, topp)
-            keys = jax.random.split(key, gamma + 1)
-            drafts = jnp.stack(
-                [jax.random.categorical(keys[j], adjusted[:, j]) for j in range(gamma)], 1
-            ).astype(jnp.int32)
+            draft_key, verify_key = jax.random.split(key)
             probs = jax.nn.softmax(adjusted, axis=-1)
-            return accept_fn(keys[gamma], drafts, probs[:, :gamma], probs).extra
+            uniforms = jax.random.uniform(draft_key, (logits.shape[0], gamma))
+            drafts = sampling.inverse_cdf_sample(uniforms, probs[:, :gamma])  # as the sampler
+            return accept_fn(verify_key, drafts, probs[:, :gamma], probs).extra
 
         return work
 
