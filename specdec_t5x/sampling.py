@@ -18,6 +18,11 @@ Semantics follow T5X's `temperature_sample` and `t5x/binary_search.py`, decision
   whole vocabulary's float32 mass is below p (p within rounding of 1), T5X masks every token (its
   threshold search ends on NaN) and then samples uniformly; we keep every token.
 * removed tokens get the logit `NEG_INF` (finite, so no NaN can arise from all-masked rows).
+
+Only the speculative sampler uses `first_argmax` (the same tokens as `argmax`, computed faster on
+XLA:CPU) and `inverse_cdf_sample` (exact in distribution, one uniform per row, but not T5X's
+random draws). The baseline keeps `argmax` and `jax.random.categorical`, which are bit-identical
+to T5X.
 """
 
 from __future__ import annotations
