@@ -89,6 +89,7 @@ def measure_loop_ms(
     settings: Mapping[str, Any],
     eos_id: int,
     repeats: int = 20,
+    verification: str = "token",
 ) -> dict[str, float]:
     """The decode loops' own work (no model cost), per token / iteration and per call, in ms.
 
@@ -100,7 +101,8 @@ def measure_loop_ms(
 
     Args:
       batch, vocab, max_decode_len: the decode shapes; gamma: γ; settings: {'temperature',
-        'topk', 'topp'}; eos_id: EOS id; repeats: interleaved rounds.
+        'topk', 'topp'}; eos_id: EOS id; repeats: interleaved rounds; verification: 'token' or
+        'block' (`speculative.speculative_sample`).
 
     Returns:
       {'baseline_per_token_ms', 'baseline_fixed_ms', 'speculative_per_iteration_ms',
@@ -138,6 +140,7 @@ def measure_loop_ms(
                 gamma=gamma,
                 decode_rng=r,
                 max_decode_steps=n,
+                verification=verification,
                 **settings,
             )[0]
         )
