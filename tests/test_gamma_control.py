@@ -149,8 +149,9 @@ def test_measured_curve_is_complete_and_cached(pair):
     measured = gamma_control.measure_cost_curve(*args, settings, repeats=2)
     assert sorted(measured.block_step_ms) == [1, 2, 3] and sorted(measured.sampling_ms) == [1, 2]
     assert sorted(measured.speculative_fixed_ms) == [1, 2]
-    values = [*measured.block_step_ms.values(), *measured.sampling_ms.values()]
-    assert all(v > 0 for v in values) and measured.draft_step_ms > 0
+    assert all(v > 0 for v in measured.block_step_ms.values()) and measured.draft_step_ms > 0
+    loop_work = [*measured.sampling_ms.values(), *measured.speculative_fixed_ms.values()]
+    assert all(v >= 0 for v in loop_work)  # slopes/intercepts of timings: 0 when below noise
     assert measured.target_setup_ms > 0 and measured.draft_setup_ms > 0
     assert gamma_control.measure_cost_curve(*args, settings, repeats=2) is measured
 
