@@ -1,4 +1,4 @@
-"""The measured cost curve of a model pair: T(k), the draft step and the sampling work, in ms.
+"""The measured cost curve of a model pair: T(k), the draft step, the loop work and set-up, in ms.
 
 The paper picks γ by maximising Theorem 3.8 for a known α and c (§3.3). Here every term is measured
 on this machine, for this model pair and these shapes, once (cached), in the same in-loop timing as
@@ -6,12 +6,17 @@ the eval job's step costs (`benchmark.time_decoder_steps`):
 
 * T(k): the target's cached call on k = 1..γmax + 1 tokens (the verify call of γ = k - 1);
 * the draft's one-token step;
-* the sampling work per token of the baseline (s_1) and per iteration of speculative decoding at γ
-  (o(γ): γ draft samples and the acceptance test; argmax and comparisons at T = 0).
+* the decode loops' own work (`time_budget.measure_loop_ms`: the real loops with zero-cost models):
+  s_1 per baseline token and o(γ) per speculative iteration (sampling or argmax, the acceptance
+  test, buffer and statistics updates, loop bookkeeping), plus a fixed part per call;
+* the per-call set-up (`time_budget.measure_setup_ms`): the target's encoder pass and cache
+  (both decoders) and the draft's (speculative only).
 
-With u = T(1) + s_1, the baseline's cost per token, the predicted speedup of γ is
-`theory.measured_walltime_improvement(α, γ, c = draft/u, T(γ + 1)/u, o(γ)/u)`
-(`CostCurve.predicted_speedup`); `gamma_control` chooses γ from it.
+With u = T(1) + s_1, the baseline's cost per token, the steady-state speedup of γ (long outputs)
+is `theory.measured_walltime_improvement(α, γ, c = draft/u, T(γ + 1)/u, o(γ)/u)`; for calls of
+L tokens the set-up and fixed parts are added to both sides (`CostCurve.predicted_speedup` with
+`tokens_per_call`), which matters when outputs are short and inputs long (summarization: a ~10-token
+synopsis of a 256-token description). `gamma_control` chooses γ from it.
 """
 
 from __future__ import annotations
@@ -24,8 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x import benchmark, sampling, steps, theory
-from specdec_t5x import verification as verify
+from specdec_t5x import benchmark, steps, theory, time_budget
 
 Array = jax.Array
 
@@ -37,14 +41,21 @@ class CostCurve:
     Attributes:
       block_step_ms: {k: T(k)} the target's cached call on k tokens, k = 1..gamma_max + 1.
       draft_step_ms: the draft's one-token cached call.
-      baseline_sampling_ms: s_1, the baseline's sampling work per token (0-ish at T = 0).
-      sampling_ms: {γ: o(γ)} speculative sampling work per iteration, γ = 1..gamma_max.
+      baseline_sampling_ms: s_1, the baseline loop's own work per token (sampling, bookkeeping).
+      sampling_ms: {γ: o(γ)} the speculative loop's own work per iteration, γ = 1..gamma_max.
+      target_setup_ms, draft_setup_ms: encoder pass + cache set-up per call (0: not measured).
+      baseline_fixed_ms: the baseline loop's fixed work per call.
+      speculative_fixed_ms: {γ: the speculative loop's fixed work per call} (missing: 0).
     """
 
     block_step_ms: Mapping[int, float]
     draft_step_ms: float
     baseline_sampling_ms: float
     sampling_ms: Mapping[int, float]
+    target_setup_ms: float = 0.0
+    draft_setup_ms: float = 0.0
+    baseline_fixed_ms: float = 0.0
+    speculative_fixed_ms: Mapping[int, float] = dataclasses.field(default_factory=dict)
 
     @property
     def gamma_max(self) -> int:
@@ -60,19 +71,49 @@ class CostCurve:
         """Draft step / u (the paper's c, against the baseline's per-token cost)."""
         return self.draft_step_ms / self.unit_ms
 
-    def predicted_speedup(self, alpha: float, gamma: int) -> float:
-        """`theory.measured_walltime_improvement` of γ (0..gamma_max) at α with these costs."""
+    def iteration_ms(self, gamma: int) -> float:
+        """One speculative iteration of γ >= 1: γ draft steps + T(γ + 1) + o(γ), in ms."""
+        return gamma * self.draft_step_ms + self.block_step_ms[gamma + 1] + self.sampling_ms[gamma]
+
+    def baseline_call_ms(self, tokens: float) -> float:
+        """Modelled wall ms of one baseline call whose longest row generates `tokens` tokens."""
+        return self.target_setup_ms + self.baseline_fixed_ms + tokens * self.unit_ms
+
+    def speculative_call_ms(self, gamma: int, iterations: float) -> float:
+        """Modelled wall ms of one speculative call of γ >= 1 running `iterations` iterations."""
+        fixed = (
+            self.target_setup_ms + self.draft_setup_ms + self.speculative_fixed_ms.get(gamma, 0.0)
+        )
+        return fixed + iterations * self.iteration_ms(gamma)
+
+    def predicted_speedup(
+        self, alpha: float, gamma: int, tokens_per_call: float | None = None
+    ) -> float:
+        """Predicted speedup of γ (0..gamma_max) at α; 1.0 for γ = 0.
+
+        Args:
+          alpha: acceptance rate in [0, 1].
+          gamma: γ.
+          tokens_per_call: None for the steady state (long outputs:
+            `theory.measured_walltime_improvement` with these costs); else the tokens a call
+            generates (its longest row), so the per-call set-up and fixed work count on both
+            sides and the iterations are tokens / E(α, γ) (Eq. 1).
+        """
         if gamma == 0:
             return 1.0
-        return float(
-            theory.measured_walltime_improvement(
-                alpha,
-                gamma,
-                self.c,
-                self.block_step_ms[gamma + 1] / self.unit_ms,
-                self.sampling_ms[gamma] / self.unit_ms,
+        if tokens_per_call is None:
+            return float(
+                theory.measured_walltime_improvement(
+                    alpha,
+                    gamma,
+                    self.c,
+                    self.block_step_ms[gamma + 1] / self.unit_ms,
+                    self.sampling_ms[gamma] / self.unit_ms,
+                )
             )
-        )
+        per_iteration = theory.expected_tokens_per_iteration(min(alpha, 1.0 - 1e-9), gamma)
+        iterations = tokens_per_call / float(per_iteration)
+        return self.baseline_call_ms(tokens_per_call) / self.speculative_call_ms(gamma, iterations)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,69 +121,12 @@ class CostCurve:
             "draft_step_ms": self.draft_step_ms,
             "baseline_sampling_ms": self.baseline_sampling_ms,
             "sampling_ms": {str(k): v for k, v in self.sampling_ms.items()},
+            "target_setup_ms": self.target_setup_ms,
+            "draft_setup_ms": self.draft_setup_ms,
+            "baseline_fixed_ms": self.baseline_fixed_ms,
+            "speculative_fixed_ms": {str(k): v for k, v in self.speculative_fixed_ms.items()},
             "c": self.c,
         }
-
-
-def measure_sampling_ms(
-    batch: int,
-    vocab: int,
-    gamma_max: int,
-    settings: Mapping[str, Any],
-    verification: str = "token",
-    repeats: int = 20,
-    steps_per_call: int = 8,
-) -> tuple[float, dict[int, float]]:
-    """s_1 and o(γ), γ = 1..gamma_max, in ms: the sampler's work on random logits, in a loop.
-
-    Args:
-      batch, vocab: logits shape.
-      gamma_max: largest γ.
-      settings: {'temperature', 'topk', 'topp'}.
-      verification: 'token' or 'block' (the acceptance rule timed at T > 0).
-      repeats, steps_per_call: as `benchmark.time_decoder_steps`.
-
-    Returns:
-      (s_1 ms per baseline token, {γ: o(γ) ms per speculative iteration}).
-    """
-    temperature, topk, topp = settings["temperature"], settings["topk"], settings["topp"]
-    greedy = sampling.is_greedy(temperature)
-    accept_fn = verify.block_accept if verification == "block" else verify.token_accept
-
-    def baseline(key, logits):
-        return sampling.sample(key, logits[:, 0], temperature, topk, topp)
-
-    def speculative(gamma):
-        def work(key, logits):  # logits [b, γ + 1, V] stand in for both models'
-            if greedy:  # the sampler's argmax (`speculative._draft_block`)
-                drafts = sampling.first_argmax(logits[:, :gamma])
-                return verify.greedy_accept(drafts, logits, None).extra
-            adjusted = sampling.adjust_logits(logits, temperature, topk, topp)
-            draft_key, verify_key = jax.random.split(key)
-            probs = jax.nn.softmax(adjusted, axis=-1)
-            uniforms = jax.random.uniform(draft_key, (logits.shape[0], gamma))
-            drafts = sampling.inverse_cdf_sample(uniforms, probs[:, :gamma])  # as the sampler
-            return accept_fn(verify_key, drafts, probs[:, :gamma], probs).extra
-
-        return work
-
-    def looped(work, k):
-        logits = jax.random.normal(jax.random.PRNGKey(k), (batch, k, vocab))
-
-        @jax.jit
-        def run(key):
-            def body(i, acc):
-                return acc + work(jax.random.fold_in(key, i), logits + i * 1e-6)  # not hoisted
-
-            return jax.lax.fori_loop(0, steps_per_call, body, jnp.zeros((batch,), jnp.int32))
-
-        return lambda: run(jax.random.PRNGKey(0))
-
-    calls = {0: looped(baseline, 1)}
-    calls.update({g: looped(speculative(g), g + 1) for g in range(1, gamma_max + 1)})
-    samples = benchmark.time_interleaved(calls, repeats)
-    ms = {g: statistics.median(v) / steps_per_call for g, v in samples.items()}
-    return ms[0], {g: ms[g] for g in range(1, gamma_max + 1)}
 
 
 def step_costs(
@@ -243,10 +227,66 @@ def measure_cost_curve(
             repeats=repeats,
             block_sizes=range(1, gamma_max + 2),
         )
-        vocab = spec_model.module.config.vocab_size
-        batch = encoder_input_tokens.shape[0]
-        s1, overhead = measure_sampling_ms(
-            batch, vocab, gamma_max, settings, verification, repeats=repeats
+        setup = time_budget.measure_setup_ms(
+            spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len, repeats
         )
-        _CURVES[key] = CostCurve(costs["block_step_ms"], costs["draft_step_ms"], s1, overhead)
+        loops = measure_loop_work_ms(
+            encoder_input_tokens.shape[0],
+            spec_model.module.config.vocab_size,
+            max_decode_len,
+            gamma_max,
+            settings,
+            spec_model.eos_id,
+            verification,
+            repeats,
+        )
+        _CURVES[key] = CostCurve(
+            costs["block_step_ms"],
+            costs["draft_step_ms"],
+            target_setup_ms=setup["target_setup_ms"],
+            draft_setup_ms=setup["draft_setup_ms"],
+            **loops,
+        )
     return _CURVES[key]
+
+
+def measure_loop_work_ms(
+    batch: int,
+    vocab: int,
+    max_decode_len: int,
+    gamma_max: int,
+    settings: Mapping[str, Any],
+    eos_id: int,
+    verification: str = "token",
+    repeats: int = 20,
+) -> dict[str, Any]:
+    """The decode loops' own work for γ = 1..gamma_max (`time_budget.measure_loop_ms`), in ms.
+
+    Measured at γ = 1 and γ = gamma_max (real loops, zero-cost models) and interpolated linearly
+    in γ between them (the per-iteration work is γ draft samples plus a fixed part).
+
+    Returns:
+      `CostCurve` keyword arguments: 'baseline_sampling_ms' (s_1 per token), 'sampling_ms' ({γ: o(γ)}
+      per iteration), 'baseline_fixed_ms', 'speculative_fixed_ms' ({γ: per call}).
+    """
+    ends = sorted({1, gamma_max})
+    measured = {
+        g: time_budget.measure_loop_ms(
+            batch, vocab, max_decode_len, g, settings, eos_id, repeats, verification=verification
+        )
+        for g in ends
+    }
+
+    def line(name):
+        lo, hi = measured[ends[0]][name], measured[ends[-1]][name]
+        span = max(ends[-1] - ends[0], 1)
+        return {g: lo + (hi - lo) * (g - ends[0]) / span for g in range(1, gamma_max + 1)}
+
+    return {
+        "baseline_sampling_ms": statistics.mean(
+            m["baseline_per_token_ms"] for m in measured.values()
+        ),
+        "baseline_fixed_ms": statistics.mean(m["baseline_fixed_ms"] for m in measured.values()),
+        "sampling_ms": line("speculative_per_iteration_ms"),
+        "speculative_fixed_ms": line("speculative_fixed_ms"),
+    }

@@ -320,7 +320,7 @@ def evaluate(
                     auto_decoder.decode, g, batch, rng, compiles=compiles
                 )
                 auto_decoder.update(aux)
-                auto_decoder.observe(g, seconds, np.asarray(tokens)[:n])  # measured speed
+                auto_decoder.observe(g, seconds, tokens, aux)  # measured vs modelled
                 choices += [(g, predicted)] * n
                 stats = jax.tree_util.tree_map(np.asarray, aux.get("stats"))
             else:

@@ -2,10 +2,15 @@
 
 The paper picks γ by maximising Theorem 3.8 for a known α and c (§3.3). Here the costs are measured
 on this machine, for this model pair and these shapes (`cost_curve.CostCurve`: T(k), the draft step,
-the sampling work), and γ = 0 (plain decoding, no draft call at all) is chosen whenever no γ
-predicts more than 1. α is estimated online: the running mean of β (Corollary 3.6) over every
-speculative call so far (`GammaController.update`); before the first call a prior α is used, or
-γ = 1 as a probe when there is none.
+the loops' own work, the per-call set-up), and γ = 0 (plain decoding, no draft call at all) is
+chosen whenever no γ predicts more than 1. α is estimated online: the running mean of β
+(Corollary 3.6) over every speculative call so far (`GammaController.update`); before the first
+call a prior α is used, or γ = 1 as a probe when there is none.
+
+The prediction is for whole calls of the observed length (set-up and fixed work count on both
+sides: a ~10-token synopsis of a 256-token input is mostly set-up), and it is checked against each
+timed call's *own* counts (its longest row's tokens, its counted iterations), never against other
+examples' speed: per-example lengths and α vary too much for that to mean anything at batch 1.
 
 `AutoGammaDecoder` is the Python API of `gamma='auto'`: it measures the curve on the first batch,
 keeps one jitted decoder per γ (γ = 0: the baseline), and chooses γ before every call (γ is static
@@ -22,33 +27,47 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_t5x import cost_curve, models
+from specdec_t5x import cost_curve, models, theory
 
 Array = jax.Array
 # The cost curve's names, importable from here as before `cost_curve` was split out.
 CostCurve, measure_cost_curve = cost_curve.CostCurve, cost_curve.measure_cost_curve
-step_costs, measure_sampling_ms = cost_curve.step_costs, cost_curve.measure_sampling_ms
+step_costs = cost_curve.step_costs
+
+
+def _eq1(alpha: float, gamma: int) -> float:
+    """E(α, γ) (Eq. 1), α = 1 allowed (its limit γ + 1)."""
+    return float(theory.expected_tokens_per_iteration(min(alpha, 1.0 - 1e-9), gamma))
 
 
 @dataclasses.dataclass
 class GammaController:
-    """Chooses γ in 0..gamma_max before each call; learns α from β and corrects by measured speed.
+    """Chooses γ in 0..gamma_max before each call; learns α, the call length and the model's error.
 
-    The cost curve predicts each γ's speedup (generalised Thm 3.8), but a model of step costs misses
-    work inside the speculative loop (rejection sampling over the vocabulary, the loop itself), so on
-    its own it can switch speculation on where it does not pay. The controller therefore also learns
-    from wall-clock time: once `min_timed_calls` calls of some γ > 0 *and* of the baseline (γ = 0)
-    have been timed (`observe`), every γ > 0 prediction is scaled by the calibration factor
-    κ = (measured speedup of the timed γs) / (their predicted speedup), weighted by tokens. Before
-    that it probes: γ = 1 while α is unknown, then γ = 0 until the baseline is timed.
+    Prediction for γ > 0 (`predictions`): ρ_b · baseline_call(L) / (ρ_s · speculative_call(γ,
+    η · L / E(α, γ))), with the `CostCurve`'s per-call model, where
+
+    * α: running mean of β over all speculative calls (`update`), or the prior;
+    * L: mean tokens of a call's longest row over the timed calls (any γ);
+    * ρ_b, ρ_s: measured / modelled wall time of the timed baseline and speculative calls, each call
+      modelled with its own counts (baseline: its longest row's tokens; speculative: its counted
+      iterations) — what the component model misses (e.g. cache copies in the loop carry);
+    * η: counted iterations / (longest row's tokens / E(α, γ)) over the speculative calls (α varies
+      per example, EOS cuts blocks, a batch waits for its slowest row).
+
+    Each correction is 1 until `min_timed_calls` calls of its kind were timed. Probing: γ = 1 while
+    α is unknown, then γ = 0 until the baseline is timed `min_timed_calls` times (the baseline
+    costs nothing extra: it is what auto falls back to).
 
     Attributes:
       curve: the measured `CostCurve`.
       prior_alpha: α used before any β was measured (None: probe with γ = 1).
       beta_sum, num_beta: running Σ β and count over all speculative calls so far.
-      min_timed_calls: timed calls of the baseline and of γ > 0 before κ is used.
-      timed_seconds, timed_tokens, timed_calls: per γ, Σ seconds (wall clock), Σ generated
-        tokens and the number of observed calls.
+      min_timed_calls: timed calls of the baseline and of γ > 0 before their corrections are used.
+      timed_calls: {γ: observed calls}.
+      measured_ms, modelled_ms: {'baseline' | 'speculative': Σ wall ms, Σ modelled ms}.
+      longest_tokens, calls: Σ longest-row tokens and the number of observed calls (L).
+      counted_iterations, expected_iterations: Σ over speculative calls (η).
     """
 
     curve: cost_curve.CostCurve
@@ -56,9 +75,13 @@ class GammaController:
     beta_sum: float = 0.0
     num_beta: int = 0
     min_timed_calls: int = 2
-    timed_seconds: dict = dataclasses.field(default_factory=dict)
-    timed_tokens: dict = dataclasses.field(default_factory=dict)
     timed_calls: dict = dataclasses.field(default_factory=dict)
+    measured_ms: dict = dataclasses.field(default_factory=dict)
+    modelled_ms: dict = dataclasses.field(default_factory=dict)
+    longest_tokens: float = 0.0
+    calls: int = 0
+    counted_iterations: float = 0.0
+    expected_iterations: float = 0.0
 
     @property
     def alpha(self) -> float | None:
@@ -67,42 +90,55 @@ class GammaController:
             return min(self.beta_sum / self.num_beta, 1.0)
         return self.prior_alpha
 
+    @property
+    def tokens_per_call(self) -> float | None:
+        """L: mean tokens of the longest row per observed call (None before any)."""
+        return self.longest_tokens / self.calls if self.calls else None
+
+    def _timed(self, speculative: bool) -> bool:
+        n = sum(c for g, c in self.timed_calls.items() if (g > 0) == speculative)
+        return n >= self.min_timed_calls
+
+    def corrections(self) -> dict[str, float]:
+        """{'baseline': ρ_b, 'speculative': ρ_s, 'iterations': η}; 1.0 until enough calls."""
+        out = {}
+        for kind, speculative in (("baseline", False), ("speculative", True)):
+            ok = self._timed(speculative) and self.modelled_ms.get(kind, 0.0) > 0
+            out[kind] = self.measured_ms[kind] / self.modelled_ms[kind] if ok else 1.0
+        ok = self._timed(True) and self.expected_iterations > 0
+        out["iterations"] = self.counted_iterations / self.expected_iterations if ok else 1.0
+        return out
+
     def predictions(self, alpha: float) -> dict[int, float]:
-        """{γ: predicted speedup} for γ = 0..gamma_max (cost curve only, no calibration)."""
-        return {g: self.curve.predicted_speedup(alpha, g) for g in range(self.curve.gamma_max + 1)}
+        """{γ: predicted speedup} for γ = 0..gamma_max at α, with the learnt L and corrections.
 
-    def _timed(self, gamma: int) -> bool:
-        return self.timed_calls.get(gamma, 0) >= self.min_timed_calls
-
-    def calibration(self, predicted: Mapping[int, float]) -> float | None:
-        """κ: measured over predicted speedup of the timed γ > 0 (None until enough timing)."""
-        spec = [g for g in self.timed_calls if g > 0 and self._timed(g)]
-        if not spec or not self._timed(0):
-            return None
-        s_per_token_0 = self.timed_seconds[0] / self.timed_tokens[0]
-        ratios = [
-            (s_per_token_0 * self.timed_tokens[g] / self.timed_seconds[g]) / predicted[g]
-            for g in spec
-        ]
-        weights = [self.timed_tokens[g] for g in spec]
-        return float(np.average(ratios, weights=weights))
+        Before any call (no L) the steady-state curve (long outputs) is used, uncorrected.
+        """
+        L = self.tokens_per_call
+        if L is None:
+            return {
+                g: self.curve.predicted_speedup(alpha, g) for g in range(self.curve.gamma_max + 1)
+            }
+        k = self.corrections()
+        base = k["baseline"] * self.curve.baseline_call_ms(L)
+        out = {0: 1.0}
+        for g in range(1, self.curve.gamma_max + 1):
+            iterations = k["iterations"] * L / _eq1(alpha, g)
+            out[g] = base / (k["speculative"] * self.curve.speculative_call_ms(g, iterations))
+        return out
 
     def choose(self) -> tuple[int, float | None]:
         """(γ, its predicted speedup): the best γ, 0 when none predicts > 1; (1, None) to probe.
 
-        Predictions are scaled by `calibration` once available; until then, after a γ > 0 was
-        timed, the baseline is chosen (prediction 1.0) until it is timed too.
+        After γ > 0 was timed `min_timed_calls` times, the baseline is chosen (prediction 1.0)
+        until it is timed as often.
         """
         alpha = self.alpha
         if alpha is None:
             return 1, None
+        if self._timed(True) and not self._timed(False):
+            return 0, 1.0  # time the baseline before trusting the prediction
         predicted = self.predictions(alpha)
-        kappa = self.calibration(predicted)
-        if kappa is None:
-            if any(g > 0 and self._timed(g) for g in self.timed_calls):
-                return 0, 1.0  # time the baseline before trusting the prediction
-        else:
-            predicted = {g: (p if g == 0 else p * kappa) for g, p in predicted.items()}
         best = max(predicted, key=lambda g: (predicted[g], -g))  # ties: the smaller γ
         return (best, predicted[best]) if predicted[best] > 1.0 else (0, 1.0)
 
@@ -111,19 +147,56 @@ class GammaController:
         self.beta_sum += float(np.sum(np.asarray(stats.beta_sum)))
         self.num_beta += int(np.sum(np.asarray(stats.num_beta)))
 
-    def observe(self, gamma: int, seconds: float, num_tokens: int) -> None:
-        """Records one timed call of γ: wall-clock `seconds` for `num_tokens` generated tokens.
+    def observe(
+        self, gamma: int, seconds: float, longest_tokens: int, iterations: int | None = None
+    ) -> None:
+        """Records one timed call of γ (0: the baseline) against the model of that same call.
+
+        Call `update` with the call's statistics first (η uses the running α).
+
+        Args:
+          gamma: the call's γ.
+          seconds: its wall-clock time, seconds.
+          longest_tokens: tokens generated by its longest row (incl. EOS), >= 1.
+          iterations: its counted iterations (max over rows of `num_iterations`); required for
+            γ > 0.
 
         Raises:
-          ValueError: negative or non-finite seconds, or num_tokens < 1.
+          ValueError: negative or non-finite seconds, longest_tokens < 1, or γ > 0 without
+            iterations >= 1.
         """
-        if not np.isfinite(seconds) or seconds < 0 or num_tokens < 1:
+        if not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1:
             raise ValueError(
-                f"observe needs seconds >= 0 and num_tokens >= 1; got {seconds!r}, {num_tokens!r}."
+                f"observe needs seconds >= 0 and longest_tokens >= 1; got {seconds!r}, "
+                f"{longest_tokens!r}."
             )
-        self.timed_seconds[gamma] = self.timed_seconds.get(gamma, 0.0) + float(seconds)
-        self.timed_tokens[gamma] = self.timed_tokens.get(gamma, 0) + int(num_tokens)
+        if gamma > 0 and (iterations is None or iterations < 1):
+            raise ValueError(f"observe of γ = {gamma} needs iterations >= 1; got {iterations!r}.")
+        if gamma == 0:
+            kind, modelled = "baseline", self.curve.baseline_call_ms(longest_tokens)
+        else:
+            kind, modelled = "speculative", self.curve.speculative_call_ms(gamma, iterations)
+            alpha = self.alpha if self.alpha is not None else 0.0
+            self.counted_iterations += iterations
+            self.expected_iterations += longest_tokens / _eq1(alpha, gamma)
+        self.measured_ms[kind] = self.measured_ms.get(kind, 0.0) + 1e3 * float(seconds)
+        self.modelled_ms[kind] = self.modelled_ms.get(kind, 0.0) + modelled
         self.timed_calls[gamma] = self.timed_calls.get(gamma, 0) + 1
+        self.longest_tokens += int(longest_tokens)
+        self.calls += 1
+
+
+def call_counts(decodes, aux: Mapping[str, Any] | None = None) -> tuple[int, int | None]:
+    """(longest row's generated tokens, counted iterations or None) of one decode call.
+
+    Args:
+      decodes: int32 [batch, max_decode_len], 0 = padding after EOS.
+      aux: the call's aux; its 'stats' (`SpeculativeStats`) give the iterations (max over rows).
+    """
+    longest = int(np.max(np.count_nonzero(np.asarray(decodes), axis=-1), initial=0))
+    stats = (aux or {}).get("stats")
+    iterations = None if stats is None else int(np.max(np.asarray(stats.num_iterations)))
+    return max(longest, 1), iterations
 
 
 class AutoGammaDecoder:
@@ -230,12 +303,13 @@ class AutoGammaDecoder:
         if "stats" in aux:
             self.controller.update(aux["stats"])
 
-    def observe(self, gamma: int, seconds: float, decodes: Array) -> None:
-        """Feeds a timed call (wall-clock seconds; its int32 [batch, len] decodes) to the controller.
-
-        Generated tokens are the non-padding (non-zero) entries of `decodes`.
-        """
-        self.controller.observe(gamma, seconds, max(int(np.count_nonzero(np.asarray(decodes))), 1))
+    def observe(
+        self, gamma: int, seconds: float, decodes: Array, aux: Mapping[str, Any] | None = None
+    ) -> None:
+        """Feeds a timed call to the controller: wall-clock seconds, its int32 [batch, len]
+        decodes (all rows of the call, padding rows included: they ran) and its aux (stats)."""
+        longest, iterations = call_counts(decodes, aux)
+        self.controller.observe(gamma, seconds, longest, iterations)
 
     def __call__(self, batch: Mapping[str, Array], rng: Array):
         """Chooses γ, decodes, learns α and the timing; returns (decodes, aux + γ, prediction)."""
@@ -243,8 +317,9 @@ class AutoGammaDecoder:
         self.compile(gamma, batch)
         start = time.perf_counter()
         decodes, aux = jax.block_until_ready(self.decode(gamma, batch, rng))
-        self.observe(gamma, time.perf_counter() - start, decodes)
+        seconds = time.perf_counter() - start
         self.update(aux)
+        self.observe(gamma, seconds, decodes, aux)
         return decodes, {**aux, "gamma": gamma, "predicted_speedup": predicted}
 
 

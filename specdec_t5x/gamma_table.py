@@ -5,9 +5,9 @@ every speculative variant, interleaved example by example (the order rotates eac
 machine noise hits all variants alike), each call compiled beforehand and timed with
 `block_until_ready`, and reports per variant: tokens per iteration, α (Corollary 3.6 β estimate),
 the measured speedup (total baseline seconds / total variant seconds, with the spread of the
-per-example ratios) and the predicted speedup (`cost_curve.CostCurve.predicted_speedup`, i.e.
-`theory.measured_walltime_improvement` on the measured cost curve, at the measured α; for auto rows
-the prediction for the γ chosen last; for block rows it is Eq. 1's token-verification count, a
+per-example ratios) and the predicted speedup (`cost_curve.CostCurve.predicted_speedup` on the measured cost curve at the
+measured α, for calls of the row's mean longest-row length, so the per-call set-up counts; for auto
+rows the prediction for the γ chosen last; for block rows it is Eq. 1's token-verification count, a
 lower bound). Auto rows also report the γ they
 chose (0 = off: the baseline itself).
 
@@ -112,6 +112,7 @@ def compare(
     runners["token"].compile(0, first)
 
     seconds = collections.defaultdict(list)
+    longest = collections.defaultdict(list)  # per call: tokens of the longest row
     stats = collections.defaultdict(list)
     chosen = collections.defaultdict(list)
     predicted = collections.defaultdict(list)
@@ -135,9 +136,10 @@ def compare(
             start = time.perf_counter()
             decodes, aux = jax.block_until_ready(call())
             seconds[name].append(time.perf_counter() - start)
+            longest[name].append(gamma_control.call_counts(decodes)[0])
             if name in auto:
                 auto[name].update(aux)
-                auto[name].observe(gamma, seconds[name][-1], decodes)  # measured speed
+                auto[name].observe(gamma, seconds[name][-1], decodes, aux)  # vs modelled
             if "stats" in aux:
                 stats[name].append(jax.tree_util.tree_map(np.asarray, aux["stats"]))
 
@@ -168,8 +170,9 @@ def compare(
         else:
             g = fixed[name][0]
             row["gamma"] = g
+            tokens = float(np.mean(longest[name]))  # per call: set-up counts (`CostCurve`)
             row["predicted_speedup"] = (
-                curve.predicted_speedup(min(alpha, 1.0), g) if alpha is not None else None
+                curve.predicted_speedup(min(alpha, 1.0), g, tokens) if alpha is not None else None
             )
         rows[name] = row
     return {

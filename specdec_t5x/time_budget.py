@@ -91,6 +91,7 @@ def zero_cost_decode(
     max_decode_steps: int,
     settings: Mapping[str, Any],
     eos_id: int,
+    verification: str = "token",
 ):
     """A jitted zero-argument decode call with zero-cost models (`_constant_step`), to time.
 
@@ -98,7 +99,8 @@ def zero_cost_decode(
       sampler: a `speculative.speculative_sample`-compatible function (target and draft both the
         constant step, `gamma` drafts), or None for the baseline `decoding.temperature_sample`.
       gamma: γ (speculative only); batch, vocab, max_decode_len: decode shapes;
-      max_decode_steps: tokens to generate; settings: {'temperature', 'topk', 'topp'}; eos_id.
+      max_decode_steps: tokens to generate; settings: {'temperature', 'topk', 'topp'}; eos_id;
+      verification: 'token' or 'block' (speculative only).
 
     Returns:
       () -> int32 [batch, max_decode_len] decodes (PRNG key fixed).
@@ -112,7 +114,16 @@ def zero_cost_decode(
         fn = lambda r: decoding.temperature_sample(inputs, cache, one_token, eos_id, r, **common)
     else:
         fn = lambda r: sampler(
-            inputs, cache, step, cache, step, eos_id, gamma=gamma, decode_rng=r, **common
+            inputs,
+            cache,
+            step,
+            cache,
+            step,
+            eos_id,
+            gamma=gamma,
+            decode_rng=r,
+            verification=verification,
+            **common,
         )
     jitted = jax.jit(lambda r: fn(r)[0])
     rng = jax.random.PRNGKey(1)
@@ -127,6 +138,7 @@ def measure_loop_ms(
     settings: Mapping[str, Any],
     eos_id: int,
     repeats: int = 20,
+    verification: str = "token",
 ) -> dict[str, float]:
     """The decode loops' own work (no model cost), per token / iteration and per call, in ms.
 
@@ -138,7 +150,8 @@ def measure_loop_ms(
 
     Args:
       batch, vocab, max_decode_len: the decode shapes; gamma: γ; settings: {'temperature',
-        'topk', 'topp'}; eos_id: EOS id; repeats: interleaved rounds.
+        'topk', 'topp'}; eos_id: EOS id; repeats: interleaved rounds; verification: 'token' or
+        'block' (`speculative.speculative_sample`).
 
     Returns:
       {'baseline_per_token_ms', 'baseline_fixed_ms', 'speculative_per_iteration_ms',
@@ -148,7 +161,12 @@ def measure_loop_ms(
     shapes = dict(batch=batch, vocab=vocab, max_decode_len=max_decode_len, eos_id=eos_id)
     base = lambda n: zero_cost_decode(None, max_decode_steps=n, settings=settings, **shapes)
     spec = lambda n: zero_cost_decode(
-        speculative.speculative_sample, gamma, max_decode_steps=n, settings=settings, **shapes
+        speculative.speculative_sample,
+        gamma,
+        max_decode_steps=n,
+        settings=settings,
+        verification=verification,
+        **shapes,
     )
 
     calls = {("base", n): base(n) for n in lengths} | {("spec", n): spec(n) for n in lengths}

@@ -1,5 +1,7 @@
 """γ control: choice from a cost curve (0 = off), online α, measured curve, auto decoder."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,31 +58,74 @@ def test_controller_probes_then_learns_alpha_from_beta():
     assert controller.choose() == (0, 1.0)  # α = 0.15 with c = 0.3: off
 
 
-def test_controller_corrects_its_prediction_by_measured_speed():
-    """γ > 0 predicted to pay but measured slower than the baseline: the controller switches off."""
+def test_call_prediction_adds_setup_and_fixed_work_to_both_sides():
+    c = dataclasses.replace(
+        curve(draft_ms=1.0, verify_growth=2.0, overhead_ms=0.5),
+        target_setup_ms=30.0,
+        draft_setup_ms=5.0,
+        baseline_fixed_ms=1.0,
+        speculative_fixed_ms={3: 2.0},
+    )
+    e = theory.expected_tokens_per_iteration(0.7, 3)
+    want = (30.0 + 1.0 + 12 * 10.0) / (30.0 + 5.0 + 2.0 + (12 / e) * (3 * 1.0 + 16.0 + 1.5))
+    assert c.predicted_speedup(0.7, 3, tokens_per_call=12) == pytest.approx(want)
+    # Long outputs: the per-call parts vanish and the steady state (the theorem) remains.
+    assert c.predicted_speedup(0.7, 3, 1e9) == pytest.approx(c.predicted_speedup(0.7, 3), rel=1e-6)
+    # α = 1 is allowed (a draft equal to the target): γ + 1 tokens per iteration.
+    assert c.predicted_speedup(1.0, 3, 8) == pytest.approx(
+        (31.0 + 80.0) / (37.0 + 2 * (3.0 + 16.0 + 1.5))
+    )
+
+
+def test_short_outputs_of_long_inputs_switch_speculation_off():
+    """Summarization-like calls: 10 tokens after long encoder passes; the steady state says on."""
+    c = dataclasses.replace(curve(draft_ms=0.5), target_setup_ms=90.0, draft_setup_ms=60.0)
+    controller = gamma_control.GammaController(c, prior_alpha=0.6)
+    assert max(controller.predictions(0.6).values()) > 1.2  # no call seen yet: steady state
+    controller.observe(0, c.baseline_call_ms(10) / 1e3, 10)  # one call of 10 tokens seen
+    assert controller.tokens_per_call == 10
+    assert controller.choose() == (0, 1.0)
+
+
+def test_controller_corrects_its_model_by_each_calls_own_counts():
+    """Timed calls are compared with the model of the same call, not with other examples."""
     controller = gamma_control.GammaController(curve(draft_ms=0.2), prior_alpha=0.8)
     gamma, predicted = controller.choose()
     assert gamma > 0 and predicted > 1.2  # the cost curve alone says: speculate
-    for _ in range(2):  # γ timed at 2 ms/token (after two calls it wants the baseline timed)
-        controller.observe(gamma, 0.2, 100)
+    spec_ms = controller.curve.speculative_call_ms(gamma, 20)
+    for _ in range(2):  # γ timed at 5x its modelled time (20 counted iterations, 60 tokens)
+        controller.observe(gamma, 5 * spec_ms / 1e3, 60, iterations=20)
+    assert controller.choose() == (0, 1.0)  # now time the baseline
+    for _ in range(2):  # the baseline on much shorter examples, exactly as modelled
+        controller.observe(0, controller.curve.baseline_call_ms(6) / 1e3, 6)
+    k = controller.corrections()
+    assert k["speculative"] == pytest.approx(5.0) and k["baseline"] == pytest.approx(1.0)
+    assert k["iterations"] == pytest.approx(
+        20 / (60 / theory.expected_tokens_per_iteration(0.8, gamma))
+    )
+    assert controller.tokens_per_call == pytest.approx(33.0)
     assert controller.choose() == (0, 1.0)
-    assert controller.calibration(controller.predictions(0.8)) is None
-    for _ in range(2):  # baseline timed at 1 ms/token: γ measured at 0.5x, not the predicted gain
-        controller.observe(0, 0.1, 100)
-    kappa = controller.calibration(controller.predictions(0.8))
-    assert kappa == pytest.approx(0.5 / predicted)
-    assert controller.choose() == (0, 1.0)
-    # The same γ measured 1.5x faster than the baseline: the controller keeps speculating.
+    # The same γ measured as modelled, the baseline on other lengths: the controller speculates,
+    # and its prediction is the model's for the mean call length (per-token speeds never mixed).
     fast = gamma_control.GammaController(curve(draft_ms=0.2), prior_alpha=0.8)
-    gamma, predicted = fast.choose()
-    for _ in range(2):
-        fast.observe(gamma, 0.1, 150)
-        fast.observe(0, 0.1, 100)
-    chosen, calibrated = fast.choose()
-    assert chosen > 0 and calibrated > 1.0
-    assert fast.calibration(fast.predictions(0.8)) == pytest.approx(1.5 / predicted)
-    with pytest.raises(ValueError, match="num_tokens"):
-        fast.observe(1, 0.1, 0)
+    gamma, _ = fast.choose()
+    e = theory.expected_tokens_per_iteration(0.8, gamma)
+    for tokens in (40, 80):
+        fast.observe(
+            gamma, fast.curve.speculative_call_ms(gamma, tokens / e) / 1e3, tokens, tokens / e
+        )
+        fast.observe(0, fast.curve.baseline_call_ms(3) / 1e3, 3)
+    assert fast.corrections() == pytest.approx(
+        {"baseline": 1.0, "speculative": 1.0, "iterations": 1.0}
+    )
+    chosen, predicted = fast.choose()
+    assert chosen > 0 and predicted == pytest.approx(
+        fast.curve.predicted_speedup(0.8, chosen, 31.5)
+    )
+    with pytest.raises(ValueError, match="longest_tokens"):
+        fast.observe(1, 0.1, 0, 1)
+    with pytest.raises(ValueError, match="iterations"):
+        fast.observe(2, 0.1, 5)
 
 
 BATCH, ENC_LEN, MAX_LEN = 2, 7, 10
@@ -103,8 +148,11 @@ def test_measured_curve_is_complete_and_cached(pair):
     args = (spec_model, params, spec_model.draft.params, batch["encoder_input_tokens"], MAX_LEN, 2)
     measured = gamma_control.measure_cost_curve(*args, settings, repeats=2)
     assert sorted(measured.block_step_ms) == [1, 2, 3] and sorted(measured.sampling_ms) == [1, 2]
-    values = [*measured.block_step_ms.values(), *measured.sampling_ms.values()]
-    assert all(v > 0 for v in values) and measured.draft_step_ms > 0
+    assert sorted(measured.speculative_fixed_ms) == [1, 2]
+    assert all(v > 0 for v in measured.block_step_ms.values()) and measured.draft_step_ms > 0
+    loop_work = [*measured.sampling_ms.values(), *measured.speculative_fixed_ms.values()]
+    assert all(v >= 0 for v in loop_work)  # slopes/intercepts of timings: 0 when below noise
+    assert measured.target_setup_ms > 0 and measured.draft_setup_ms > 0
     assert gamma_control.measure_cost_curve(*args, settings, repeats=2) is measured
 
 
