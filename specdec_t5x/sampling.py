@@ -18,6 +18,11 @@ Semantics follow T5X's `temperature_sample` and `t5x/binary_search.py`, decision
   whole vocabulary's float32 mass is below p (p within rounding of 1), T5X masks every token (its
   threshold search ends on NaN) and then samples uniformly; we keep every token.
 * removed tokens get the logit `NEG_INF` (finite, so no NaN can arise from all-masked rows).
+
+Only the speculative sampler uses `first_argmax` (the same tokens as `argmax`, computed faster on
+XLA:CPU) and `inverse_cdf_sample` (exact in distribution, one uniform per row, but not T5X's
+random draws). The baseline keeps `argmax` and `jax.random.categorical`, which are bit-identical
+to T5X.
 """
 
 from __future__ import annotations
@@ -201,3 +206,68 @@ def sample(rng: Array, logits: Array, temperature: float, topk: int = 0, topp: f
         return argmax(logits)
     adjusted = adjust_logits(logits, temperature, topk, topp)
     return jax.random.categorical(rng, adjusted, axis=-1).astype(jnp.int32)
+
+
+def first_argmax(logits: Array) -> Array:
+    """`argmax`, computed as two plain reductions (max, then the first index attaining it).
+
+    Same result as `jnp.argmax` for every input (first index among exact ties; the first NaN if
+    the row has one; index 0 for a row of -inf), but XLA:CPU runs it several times faster than
+    its variadic (value, index) reduction: the speculative loop takes 2γ + 1 argmaxes per
+    iteration in argmax mode. The baseline (`decoding.temperature_sample`) keeps `argmax`.
+
+    Args:
+      logits: float32 [..., vocab].
+
+    Returns:
+      int32 [...].
+    """
+    vocab = logits.shape[-1]
+    top = jnp.max(logits, axis=-1, keepdims=True)  # NaN if the row has a NaN
+    hit = (logits == top) | jnp.isnan(logits)  # isnan only matters when top is NaN
+    index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    return jnp.min(jnp.where(hit, index, vocab), axis=-1).astype(jnp.int32)
+
+
+INVERSE_CDF_BLOCK = 128  # tokens per block of the two-level search in `inverse_cdf_sample`
+
+
+def inverse_cdf_sample(uniform: Array, probs: Array) -> Array:
+    """One token per row by inverse-CDF sampling: the first x with cdf(x) > u · total mass.
+
+    Exact in distribution for the (unnormalised) row `probs` up to float32 rounding of the sums,
+    with one uniform per row instead of `jax.random.categorical`'s Gumbel per vocabulary entry.
+    The search is two-level (the cumulative mass of blocks of `INVERSE_CDF_BLOCK` tokens, then the
+    cumulative mass inside the chosen block), since a full-vocabulary cumsum is slow on XLA:CPU.
+    The target u · total is clipped below the (block) mass it is searched in, so a token with
+    zero probability is never returned (rounding can only move mass between positive entries).
+    Used by the speculative sampler only (Leviathan et al., 2022, Algorithm 1 needs samples from
+    q, p and the residual exact in distribution, not T5X's Gumbel draws); the baseline keeps
+    `jax.random.categorical`.
+
+    Args:
+      uniform: float32 [...] in [0, 1) (e.g. `jax.random.uniform`); 1 is accepted too.
+      probs: float32 [..., vocab] non-negative, with a positive sum per row (need not be 1).
+
+    Returns:
+      int32 [...] token ids in [0, vocab), with probs > 0 whenever the row's float32 sum is
+      positive (a row without positive mass, e.g. only subnormal entries, which XLA:CPU flushes to
+      zero, gets an arbitrary in-range id; the speculative residual never passes such a row).
+    """
+    *lead, vocab = probs.shape
+    block = INVERSE_CDF_BLOCK
+    num_blocks = -(-vocab // block)
+    flat = probs.reshape(-1, vocab).astype(jnp.float32)
+    flat = jnp.pad(flat, ((0, 0), (0, num_blocks * block - vocab)))  # zeros are never chosen
+    blocks = flat.reshape(-1, num_blocks, block)  # [N, nb, block]
+    block_cdf = jnp.cumsum(jnp.sum(blocks, axis=-1), axis=-1)  # [N, nb]
+    total = block_cdf[:, -1]
+    u = jnp.asarray(uniform, jnp.float32).reshape(-1)
+    target = jnp.minimum(u * total, jnp.nextafter(total, 0.0))  # < total: some block exceeds it
+    j = jnp.minimum(jnp.sum(block_cdf <= target[:, None], axis=-1), num_blocks - 1)  # [N]
+    before = jnp.take_along_axis(block_cdf, jnp.maximum(j - 1, 0)[:, None], axis=1)[:, 0]
+    rest = target - jnp.where(j > 0, before, 0.0)  # >= 0
+    cdf = jnp.cumsum(jnp.take_along_axis(blocks, j[:, None, None], axis=1)[:, 0], axis=-1)
+    rest = jnp.minimum(rest, jnp.nextafter(cdf[:, -1], 0.0))  # block j has positive mass
+    i = jnp.minimum(jnp.sum(cdf <= rest[:, None], axis=-1), block - 1)
+    return jnp.minimum(j * block + i, vocab - 1).astype(jnp.int32).reshape(lead)  # in range

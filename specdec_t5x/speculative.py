@@ -230,18 +230,20 @@ def speculative_sample(
     adjust = lambda logits: sampling.adjust_logits(logits, temperature, topk, topp)
 
     def body(state: _LoopState) -> _LoopState:
-        rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
+        if greedy:  # no random numbers in argmax mode
+            rng = draft_rng = verify_rng = state.rng
+        else:
+            rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
         n, active = state.length, ~state.done
         rows = jnp.arange(batch)
         last = state.buffer[rows, n - 1]  # [b] last token, fed at position n - 1
 
         # 1. Draft up to γ tokens autoregressively (q_1..q_γ, d_1..d_γ; `_draft_block`).
-        def propose(logits, key):
+        def propose(logits, uniform):
             if greedy:
-                return sampling.argmax(logits), None
-            adjusted = adjust(logits)
-            token = jax.random.categorical(key, adjusted, axis=-1).astype(jnp.int32)
-            return token, jax.nn.softmax(adjusted, axis=-1)
+                return sampling.first_argmax(logits), None
+            q = jax.nn.softmax(adjust(logits), axis=-1)
+            return sampling.inverse_cdf_sample(uniform, q), q
 
         def first_draft_call(dc):
             def one_token(dc):
@@ -261,7 +263,15 @@ def speculative_sample(
 
         logits0, dc = first_draft_call(state.draft_cache)
         drafts, q, num_drafts, dc = _draft_block(
-            draft_tokens_to_logits, propose, logits0, dc, n, draft_rng, active, gamma, threshold
+            draft_tokens_to_logits,
+            propose,
+            logits0,
+            dc,
+            n,
+            None if greedy else draft_rng,
+            active,
+            gamma,
+            threshold,
         )
 
         # 2. One target call scores all γ + 1 prefixes (p_1..p_{γ+1}); with early exit it scores
@@ -348,12 +358,13 @@ def _draft_block(draft_fn, propose, logits0, dc, n, rng, active, gamma, threshol
 
     Args:
       draft_fn: draft `steps.BlockStep`.
-      propose: (logits float32 [batch, vocab], key) -> (token int32 [batch], q float32 [batch,
-        vocab] or None in argmax mode).
+      propose: (logits float32 [batch, vocab], uniform float32 [batch]) -> (token int32 [batch],
+        q float32 [batch, vocab] or None in argmax mode).
       logits0: float32 [batch, vocab] draft logits after the last emitted token.
       dc: draft cache after that call.
       n: int32 [batch] row lengths (d_j is fed at position n - 1 + j).
-      rng: PRNG key for the draft samples.
+      rng: PRNG key for the draft samples (one uniform per row and draft, drawn at once); None
+        in argmax mode (`propose` then ignores its uniform).
       active: bool [batch] rows still decoding.
       gamma: static γ (the maximum with early exit).
       threshold: static confidence threshold (0 = off: always γ drafts, one `lax.scan`).
@@ -362,9 +373,12 @@ def _draft_block(draft_fn, propose, logits0, dc, n, rng, active, gamma, threshol
       drafts int32 [batch, γ] (entries beyond a row's count are padding), q float32 [batch, γ,
       vocab] (None in argmax mode), num_drafts int32 [batch] in [1, γ], the draft cache.
     """
-    keys = jax.random.split(rng, gamma)
+    batch = logits0.shape[0]
+    if rng is None:  # argmax mode
+        keys = jnp.zeros((gamma, batch), jnp.float32)
+    else:
+        keys = jax.random.uniform(rng, (gamma, batch))  # keys[j]: uniforms of draft j + 1
     token, q0 = propose(logits0, keys[0])
-    batch = token.shape[0]
     if threshold <= 0:
 
         def step(carry, j):

@@ -81,6 +81,55 @@ def _constant_step(vocab: int, eos_id: int):
     return step
 
 
+def zero_cost_decode(
+    sampler,
+    gamma: int = 1,
+    *,
+    batch: int,
+    vocab: int,
+    max_decode_len: int,
+    max_decode_steps: int,
+    settings: Mapping[str, Any],
+    eos_id: int,
+    verification: str = "token",
+):
+    """A jitted zero-argument decode call with zero-cost models (`_constant_step`), to time.
+
+    Args:
+      sampler: a `speculative.speculative_sample`-compatible function (target and draft both the
+        constant step, `gamma` drafts), or None for the baseline `decoding.temperature_sample`.
+      gamma: γ (speculative only); batch, vocab, max_decode_len: decode shapes;
+      max_decode_steps: tokens to generate; settings: {'temperature', 'topk', 'topp'}; eos_id;
+      verification: 'token' or 'block' (speculative only).
+
+    Returns:
+      () -> int32 [batch, max_decode_len] decodes (PRNG key fixed).
+    """
+    step = _constant_step(vocab, eos_id)
+    inputs = jnp.zeros((batch, max_decode_len), jnp.int32)
+    cache = jnp.zeros((), jnp.float32)
+    common = dict(max_decode_steps=max_decode_steps, **settings)
+    if sampler is None:
+        one_token = models.one_token_logits_fn(step)
+        fn = lambda r: decoding.temperature_sample(inputs, cache, one_token, eos_id, r, **common)
+    else:
+        fn = lambda r: sampler(
+            inputs,
+            cache,
+            step,
+            cache,
+            step,
+            eos_id,
+            gamma=gamma,
+            decode_rng=r,
+            verification=verification,
+            **common,
+        )
+    jitted = jax.jit(lambda r: fn(r)[0])
+    rng = jax.random.PRNGKey(1)
+    return lambda: jitted(rng)
+
+
 def measure_loop_ms(
     batch: int,
     vocab: int,
@@ -108,43 +157,17 @@ def measure_loop_ms(
       {'baseline_per_token_ms', 'baseline_fixed_ms', 'speculative_per_iteration_ms',
       'speculative_fixed_ms'}.
     """
-    step = _constant_step(vocab, eos_id)
-    inputs = jnp.zeros((batch, max_decode_len), jnp.int32)
-    cache = jnp.zeros((), jnp.float32)
-    rng = jax.random.PRNGKey(1)
     lengths = (max_decode_len, max(1, max_decode_len // 2))
-
-    def base(n):
-        fn = jax.jit(
-            lambda r: decoding.temperature_sample(
-                inputs,
-                cache,
-                models.one_token_logits_fn(step),
-                eos_id,
-                r,
-                max_decode_steps=n,
-                **settings,
-            )[0]
-        )
-        return lambda: fn(rng)
-
-    def spec(n):
-        fn = jax.jit(
-            lambda r: speculative.speculative_sample(
-                inputs,
-                cache,
-                step,
-                cache,
-                step,
-                eos_id,
-                gamma=gamma,
-                decode_rng=r,
-                max_decode_steps=n,
-                verification=verification,
-                **settings,
-            )[0]
-        )
-        return lambda: fn(rng)
+    shapes = dict(batch=batch, vocab=vocab, max_decode_len=max_decode_len, eos_id=eos_id)
+    base = lambda n: zero_cost_decode(None, max_decode_steps=n, settings=settings, **shapes)
+    spec = lambda n: zero_cost_decode(
+        speculative.speculative_sample,
+        gamma,
+        max_decode_steps=n,
+        settings=settings,
+        verification=verification,
+        **shapes,
+    )
 
     calls = {("base", n): base(n) for n in lengths} | {("spec", n): spec(n) for n in lengths}
     ms = {k: statistics.median(v) for k, v in benchmark.time_interleaved(calls, repeats).items()}

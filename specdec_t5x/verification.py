@@ -67,10 +67,10 @@ def _take(dist: Array, tokens: Array) -> Array:
     return jnp.take_along_axis(dist, tokens[..., None], axis=-1)[..., 0]
 
 
-def _sample(rng: Array, probs: Array) -> Array:
-    """One int32 [batch] token from unnormalised float32 [batch, vocab] probabilities (p when the
-    row's mass is 0: only reachable by float underflow, the exact mass is then 0 too)."""
-    return jax.random.categorical(rng, jnp.log(probs), axis=-1).astype(jnp.int32)
+def _sample(uniform: Array, probs: Array) -> Array:
+    """One int32 [batch] token from unnormalised float32 [batch, vocab] probabilities with positive
+    row sums, by inverse CDF from float32 [batch] uniforms (`sampling.inverse_cdf_sample`)."""
+    return sampling.inverse_cdf_sample(uniform, probs)
 
 
 def greedy_accept(drafts: Array, target_logits: Array, num_drafts: Array | None = None) -> Verdict:
@@ -86,7 +86,7 @@ def greedy_accept(drafts: Array, target_logits: Array, num_drafts: Array | None 
       (one-hot p and q).
     """
     gamma = drafts.shape[1]
-    target_argmax = sampling.argmax(target_logits)  # [b, γ + 1]
+    target_argmax = sampling.first_argmax(target_logits)  # [b, γ + 1]
     match = drafts == target_argmax[:, :gamma]
     usable = jnp.arange(gamma) < _num_drafts(drafts, num_drafts)[:, None]
     n_accepted = _leading_run(match & usable)
@@ -104,7 +104,8 @@ def token_accept(
     rejected position, or from p after all drafts were kept.
 
     Args:
-      rng: PRNG key (split here into the uniform draws and the extra-token draw).
+      rng: PRNG key (one draw of γ + 1 uniforms per row: γ acceptance tests, then the extra
+        token's inverse-CDF uniform).
       drafts: int32 [batch, gamma] d_1..d_γ, sampled from q.
       q: float32 [batch, gamma, vocab] adjusted draft distributions q_1..q_γ.
       p: float32 [batch, gamma + 1, vocab] adjusted target distributions p_1..p_{γ+1}.
@@ -113,11 +114,11 @@ def token_accept(
     Returns:
       `Verdict`.
     """
-    accept_rng, extra_rng = jax.random.split(rng)
     batch, gamma = drafts.shape
     rows = jnp.arange(batch)
     count = _num_drafts(drafts, num_drafts)
-    r = jax.random.uniform(accept_rng, (batch, gamma))
+    u = jax.random.uniform(rng, (batch, gamma + 1))
+    r = u[:, :gamma]
     accept = (r * _take(q, drafts) < _take(p[:, :gamma], drafts)) & (
         jnp.arange(gamma) < count[:, None]
     )
@@ -129,7 +130,7 @@ def token_accept(
     residual = jnp.maximum(p_next - q_next, 0.0)
     residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, p_next)
     beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)  # [b, γ]
-    return Verdict(n_accepted, _sample(extra_rng, residual), beta)
+    return Verdict(n_accepted, _sample(u[:, gamma], residual), beta)
 
 
 def block_stop_probs(
@@ -185,11 +186,11 @@ def block_accept(
 
     Args and returns as `token_accept` (same drafts, same target distributions, same `Verdict`).
     """
-    stop_rng, extra_rng = jax.random.split(rng)
     batch, gamma = drafts.shape
     h, residual = block_stop_probs(drafts, q, p, num_drafts)
-    stop = jax.random.uniform(stop_rng, (batch, gamma + 1)) < h  # h_0 = 1: always one stop
+    u = jax.random.uniform(rng, (batch, gamma + 2))  # γ + 1 stop tests, the extra token's uniform
+    stop = u[:, : gamma + 1] < h  # h_0 = 1: always one stop
     n_accepted = (gamma - jnp.argmax(stop[:, ::-1], axis=1)).astype(jnp.int32)  # last stop
-    extra = _sample(extra_rng, residual[jnp.arange(batch), n_accepted])
+    extra = _sample(u[:, gamma + 1], residual[jnp.arange(batch), n_accepted])
     beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)  # [b, γ]
     return Verdict(n_accepted, extra, beta)
