@@ -197,6 +197,7 @@ def evaluate(
     seed: int = 0,
     cost_repeats: int = 30,
     auto_gamma_max: int = 6,
+    measure_time_budget: bool = True,
     command: str | None = None,
 ) -> dict[str, Any]:
     """Runs baseline and speculative decoding side by side and writes the results directory.
@@ -227,15 +228,25 @@ def evaluate(
       seed: sampling seed (example i uses `fold_in(PRNGKey(seed), i)` for both decoders).
       cost_repeats: repeats of the step-cost measurement (and of the auto row's cost curve).
       auto_gamma_max: largest γ the auto row considers.
+      measure_time_budget: True (the default): measure where the time goes after the timed runs
+        (`time_budget.eval_time_budget`: set-up, zero-cost loops at two lengths, in-loop
+        diagnostics; about 8 extra small compiles) into `metrics['time_budget']` and
+        `predicted_speedup_measured_costs`. False skips it (those two keys are then absent; the
+        timed runs, step costs and every other metric are unchanged). Auto headlines never have it.
       command: the command line written with the results (default: `sys.argv`).
 
     Returns:
       The metrics dict (also written to `metrics.json`).
 
     Raises:
-      ValueError: bad γ / sampling settings, both `sampling_settings` and loose keywords given, or
-        an empty split.
+      ValueError: bad γ / sampling settings, both `sampling_settings` and loose keywords given,
+        `measure_time_budget` not a bool, or an empty split.
     """
+    if not isinstance(measure_time_budget, bool):
+        raise ValueError(
+            f"measure_time_budget takes True or False; got {measure_time_budget!r} "
+            f"({type(measure_time_budget).__name__})."
+        )
     loose = {"temperature": temperature, "topk": topk, "topp": topp}
     loose = {k: v for k, v in loose.items() if v is not None}
     if sampling_settings is not None and loose:
@@ -371,7 +382,9 @@ def evaluate(
         eos_id,
         settings,
     )
-    if gamma != "auto":  # where the time goes: component costs composed (`time_budget`)
+    if (
+        gamma != "auto" and measure_time_budget
+    ):  # where the time goes: component costs composed (`time_budget`)
         budget = time_budget.eval_time_budget(
             spec_model,
             target_params,

@@ -236,7 +236,7 @@ def table_row(m: dict[str, Any]) -> str:
     the measured-verify column."""
     if m["gamma"] == "auto":
         return _auto_row(m)
-    costs = m.get("predicted_speedup_measured_costs")  # absent in runs before `time_budget`
+    costs = m.get("predicted_speedup_measured_costs")  # absent: before `time_budget`, or skipped
     costs = "–" if costs is None else f"{costs:.2f}X"
     return (
         f"| {m['task']} | {m['draft']} | {m['temperature']:g} | {m['gamma']} | "

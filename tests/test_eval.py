@@ -106,7 +106,9 @@ def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path)
         num_examples=2,
         cost_repeats=2,
         auto_gamma_max=2,
+        measure_time_budget=False,  # the end-to-end test above measures it
     )
+    assert "time_budget" not in metrics and "predicted_speedup_measured_costs" not in metrics
     auto = metrics["auto"]
     assert sum(auto["gamma_chosen"].values()) == 2 and auto["gamma_chosen"].get("1", 0) >= 1
     assert auto["best_fixed_gamma"] == 1 and auto["speedup"] > 0
@@ -120,6 +122,14 @@ def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path)
     assert "| auto (off×2) | off |" in reports.table_row(off)
     with pytest.raises(ValueError, match="'auto'"):
         evaluation.evaluate(*tiny_pair, "ddtp_ende", str(out), gamma="5", temperature=0.0)
+
+
+@pytest.mark.parametrize("value", ["False", 0, None])
+def test_measure_time_budget_takes_a_bool_only(tiny_pair, tmp_path, value):
+    with pytest.raises(ValueError, match="measure_time_budget takes True or False"):
+        evaluation.evaluate(
+            *tiny_pair, "ddtp_ende", str(tmp_path), gamma=1, measure_time_budget=value
+        )
 
 
 def test_near_tie_report_names_position_and_gap(tiny_pair):
@@ -205,6 +215,7 @@ def test_paper_row_end_to_end_on_synthetic_checkpoints_and_mock_tfds(tmp_path, m
         "INPUT_LEN = 24",
         "TARGET_LEN = 8",
         "GAMMAS = [2]",
+        "TIME_BUDGET = False",  # test_eval_end_to_end_writes_complete_results measures it
     ]
     gin.clear_config(clear_constants=True)
     try:
@@ -221,6 +232,7 @@ def test_paper_row_end_to_end_on_synthetic_checkpoints_and_mock_tfds(tmp_path, m
         r["top2_logit_gap"] < 1e-3 for r in metrics["near_ties"]
     )
     assert (out / "operative_config.gin").read_text().count("TARGET_CHECKPOINT") >= 1
+    assert "time_budget" not in metrics  # TIME_BUDGET reaches the job
 
 
 @pytest.mark.parametrize(
@@ -349,6 +361,7 @@ def test_eval_job_holds_one_copy_of_each_decoder_projection(data_dir, tmp_path, 
         "INPUT_LEN=32",
         "TARGET_LEN=8",
         "GAMMAS=None",
+        "TIME_BUDGET=False",  # measured after the spy's snapshot; not what this test is about
         f"EVAL_OUTPUT_DIR='{out}'",
     ]:
         argv.append(f"--gin.{b}")
@@ -416,6 +429,7 @@ def test_bfloat16_cpu_weights_report_what_flipped(tiny_pair, data_dir, tmp_path)
         input_len=input_len,
         target_len=target_len,
         cost_repeats=2,
+        measure_time_budget=False,  # not what this test is about
     )
     assert metrics["cpu_weight_dtype"] == "bfloat16"
     report = metrics["weight_flips"]
