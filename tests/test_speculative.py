@@ -10,6 +10,7 @@ from conftest import encoder_inputs, init_params, perturbed, tiny_config
 from scipy import stats as scipy_stats
 
 from specdec_t5x import drafts, models, network, sampling, speculative
+from specdec_t5x import steps as model_steps
 
 EOS = 1
 
@@ -319,6 +320,10 @@ def t5_drafts(module, params):
         "perturbed_0.05": drafts.T5Draft(module, perturbed(params, 0.05, 1)),
         "perturbed_0.3": drafts.T5Draft(module, perturbed(params, 0.3, 2)),
         "independent_small": drafts.T5Draft(small, init_params(small, 7)),
+        # The embedded drafts' default: weights packed in bfloat16 for the CPU kernel (another q).
+        "bfloat16_cpu_weights": drafts.T5Draft(
+            module, model_steps.pack_params(module, perturbed(params, 0.05, 1), "bfloat16")
+        ),
     }
 
 
