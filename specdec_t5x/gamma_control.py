@@ -59,11 +59,24 @@ class GammaController:
     α is unknown, then γ = 0 until the baseline is timed `min_timed_calls` times (the baseline
     costs nothing extra: it is what auto falls back to).
 
+    Exploring (optimism under uncertainty, as in UCB bandits): α learnt from n speculative calls is
+    uncertain by about `alpha_spread` / √n (α varies from example to example), and once speculation
+    is off it is never measured again. So "off" is chosen only when no γ predicts a speed-up even at
+    the optimistic α̂ + `optimism_z` · `alpha_spread` / √n; otherwise the γ best at that α is used
+    (reported with its prediction at α̂). The margin shrinks as calls accumulate, so a pair that does
+    not pay is switched off after a few calls, and one or two unlucky first examples (the failure
+    this prevents: α̂ = 0.46 from two calls where the run's α was 0.56, off for the remaining 98
+    examples at 0.97× while γ = 2 gave 1.14×) cannot switch it off for good. A `prior_alpha` with no
+    measured call is taken as known (no margin).
+
     Attributes:
       curve: the measured `CostCurve`.
       prior_alpha: α used before any β was measured (None: probe with γ = 1).
       beta_sum, num_beta: running Σ β and count over all speculative calls so far.
       min_timed_calls: timed calls of the baseline and of γ > 0 before their corrections are used.
+      alpha_spread: assumed spread (standard deviation) of one call's α around the run's α.
+      optimism_z: the margin's multiple of alpha_spread / √n (1.645: one-sided 95 %).
+      beta_calls: speculative calls whose β entered α (n).
       timed_calls: {γ: observed calls}.
       measured_ms, modelled_ms: {'baseline' | 'speculative': Σ wall ms, Σ modelled ms}.
       longest_tokens, calls: Σ longest-row tokens and the number of observed calls (L).
@@ -75,6 +88,9 @@ class GammaController:
     beta_sum: float = 0.0
     num_beta: int = 0
     min_timed_calls: int = 2
+    alpha_spread: float = 0.2
+    optimism_z: float = 1.645
+    beta_calls: int = 0
     timed_calls: dict = dataclasses.field(default_factory=dict)
     measured_ms: dict = dataclasses.field(default_factory=dict)
     modelled_ms: dict = dataclasses.field(default_factory=dict)
@@ -128,7 +144,8 @@ class GammaController:
         return out
 
     def choose(self) -> tuple[int, float | None]:
-        """(γ, its predicted speedup): the best γ, 0 when none predicts > 1; (1, None) to probe.
+        """(γ, its predicted speedup): the best γ, 0 when none predicts > 1 even at the optimistic
+        α (then the γ best at that α, to explore); (1, None) to probe.
 
         After γ > 0 was timed `min_timed_calls` times, the baseline is chosen (prediction 1.0)
         until it is timed as often.
@@ -140,12 +157,25 @@ class GammaController:
             return 0, 1.0  # time the baseline before trusting the prediction
         predicted = self.predictions(alpha)
         best = max(predicted, key=lambda g: (predicted[g], -g))  # ties: the smaller γ
-        return (best, predicted[best]) if predicted[best] > 1.0 else (0, 1.0)
+        if predicted[best] > 1.0:
+            return best, predicted[best]
+        optimistic = self.predictions(self.optimistic_alpha)
+        explore = max(range(1, self.curve.gamma_max + 1), key=lambda g: (optimistic[g], -g))
+        return (explore, predicted[explore]) if optimistic[explore] > 1.0 else (0, 1.0)
+
+    @property
+    def optimistic_alpha(self) -> float | None:
+        """α̂ + optimism_z · alpha_spread / √n over n = `beta_calls` (α̂ itself when n = 0), ≤ 1."""
+        alpha = self.alpha
+        if alpha is None or self.beta_calls == 0:
+            return alpha
+        return min(alpha + self.optimism_z * self.alpha_spread / np.sqrt(self.beta_calls), 1.0)
 
     def update(self, stats) -> None:
         """Adds a call's β (`speculative.SpeculativeStats`, any batch) to the running α."""
         self.beta_sum += float(np.sum(np.asarray(stats.beta_sum)))
         self.num_beta += int(np.sum(np.asarray(stats.num_beta)))
+        self.beta_calls += 1
 
     def observe(
         self, gamma: int, seconds: float, longest_tokens: int, iterations: int | None = None

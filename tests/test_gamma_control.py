@@ -55,7 +55,33 @@ def test_controller_probes_then_learns_alpha_from_beta():
     )
     controller.update(stats)
     assert controller.alpha == pytest.approx(0.15)
-    assert controller.choose() == (0, 1.0)  # α = 0.15 with c = 0.3: off
+    assert controller.predictions(0.15)[1] < 1.0  # α = 0.15 with c = 0.3 does not pay, but
+    assert controller.optimistic_alpha == pytest.approx(0.15 + 1.645 * 0.2)  # one call is thin
+    gamma, predicted = controller.choose()
+    assert gamma == 1 and predicted == pytest.approx(controller.predictions(0.15)[1])  # explore
+    for _ in range(8):  # more calls at the same α: the margin shrinks and speculation goes off
+        controller.update(stats)
+    assert controller.optimistic_alpha == pytest.approx(0.15 + 1.645 * 0.2 / 3)
+    assert controller.choose() == (0, 1.0)
+
+
+def test_two_unlucky_first_calls_do_not_switch_a_paying_pair_off():
+    # The Table-2 failure: α̂ = 0.46 after two calls (the run's α was 0.56) predicted no gain.
+    c = curve(draft_ms=3.0, verify_growth=2.0)
+    controller = gamma_control.GammaController(c)
+    low = speculative.SpeculativeStats(
+        *(jnp.zeros((1,), jnp.int32) for _ in range(3)),
+        accept_histogram=jnp.zeros((1, 2), jnp.int32),
+        beta_sum=jnp.array([4.6]),
+        num_beta=jnp.array([10]),
+        num_generated=jnp.zeros((1,), jnp.int32),
+        num_proposed=jnp.zeros((1,), jnp.int32),
+    )
+    for _ in range(2):
+        controller.update(low)
+    assert max(controller.predictions(0.46).values()) == 1.0  # at α̂ alone: off for good
+    assert max(controller.predictions(0.56).values()) > 1.0  # at the true α: it pays
+    assert controller.choose()[0] > 0
 
 
 def test_call_prediction_adds_setup_and_fixed_work_to_both_sides():
