@@ -233,3 +233,50 @@ def test_bootstrap_interval_brackets_the_ratio_and_rejects_mismatched_runs():
     assert low < ratio < high and high - low < 0.1
     with pytest.raises(ValueError, match="equal non-empty"):
         gamma_control.bootstrap_interval(base, base[:-1])
+
+
+def test_baseline_is_retimed_while_speculating_and_corrects_a_slow_first_timing():
+    """Two slow first baseline calls made ρ_b too high (γ = 2 kept at 0.88×): re-timing fixes it."""
+    c = curve(draft_ms=1.0, verify_growth=1.0)
+    controller = gamma_control.GammaController(c, prior_alpha=0.6, baseline_every=4)
+    gamma = controller.choose()[0]
+    assert gamma > 0
+    tokens = 30
+    iterations = tokens / theory.expected_tokens_per_iteration(0.6, gamma)
+    spec_s = 1.8 * c.speculative_call_ms(gamma, iterations) / 1e3  # γ really 1.8x its model
+    base_s = c.baseline_call_ms(tokens) / 1e3  # the baseline really as modelled
+    for _ in range(2):
+        controller.observe(gamma, spec_s, tokens, iterations)
+    assert controller.choose() == (0, 1.0)
+    for _ in range(2):  # the two first baseline timings ran 2x slow (cold caches, noise)
+        controller.observe(0, 2.0 * base_s, tokens)
+    assert controller.choose()[0] > 0  # ρ_b too high: speculation predicted to pay
+    seen = []
+    for _ in range(40):
+        g, _ = controller.choose()
+        seen.append(g)
+        controller.observe(g, base_s if g == 0 else spec_s, tokens, None if g == 0 else iterations)
+    assert 0 in seen[:4]  # the baseline was re-timed within baseline_every calls
+    assert controller.corrections()["baseline"] < 1.15  # and ρ_b moved toward the truth
+    assert seen[-8:] == [0] * 8  # so speculation (truly slower here) went off
+    assert max(controller.predictions(0.6)[g] for g in range(1, 7)) < 1.0
+    never = gamma_control.GammaController(c, prior_alpha=0.6, baseline_every=0)
+    for _ in range(2):
+        never.observe(gamma, spec_s / 1.8, tokens, iterations)
+        never.observe(0, base_s, tokens)
+    assert [never.choose()[0] > 0 for _ in range(3)] == [True] * 3
+
+
+def test_speculative_correction_is_per_gamma_shrunk_toward_the_pooled_one():
+    c = curve(draft_ms=1.0, verify_growth=1.0)
+    controller = gamma_control.GammaController(c, prior_alpha=0.6, gamma_prior_calls=4.0)
+    assert controller.speculative_correction(2) == 1.0  # nothing timed
+    for g, factor, n in ((1, 2.0, 4), (2, 1.0, 12)):
+        ms = c.speculative_call_ms(g, 10)
+        for _ in range(n):
+            controller.observe(g, factor * ms / 1e3, 20, 10)
+    pooled = controller.corrections()["speculative"]
+    assert 1.0 < pooled < 2.0
+    assert controller.speculative_correction(1) == pytest.approx((4 * 2.0 + 4 * pooled) / 8)
+    assert controller.speculative_correction(2) == pytest.approx((12 * 1.0 + 4 * pooled) / 16)
+    assert controller.speculative_correction(5) == pytest.approx(pooled)  # never timed
