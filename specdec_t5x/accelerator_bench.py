@@ -18,7 +18,7 @@ Measures (written to `DIR/<device>.json` and a Table-2-shaped `DIR/<device>.md`)
     call), interleaved rounds, medians.
 (b) end to end on real DDTP inputs (`data/export_tokens` file, batch 1): baseline (target alone)
     vs speculative (XXL target + small draft) at T = 0 and 1, timed example by example in
-    alternating order; γ from the cost model E(α, γ) / (γ c + T(γ+1)/T(1)) with α from a pilot γ
+    a seeded random order (`benchmark.call_order`); γ from the cost model E(α, γ) / (γ c + T(γ+1)/T(1)) with α from a pilot γ
     and the measured c and T(k); at T = 0 also a small γ sweep.
 (c) the XXL one-token step against the weight-streaming floor (bytes read by one decoder step:
     decoder parameters except the cross-attention key/value kernels, plus the KV caches, divided by

@@ -235,7 +235,7 @@ def end_to_end(target, draft, tokens, s, costs, budget) -> dict[str, Any]:
         stats = {k: [] for k in fns}
         for i, batch in enumerate(batches):
             rng = jax.random.PRNGKey(i)
-            order = list(fns) if i % 2 == 0 else list(fns)[::-1]
+            order = benchmark.call_order(list(fns), i)
             for key in order:
                 start = time.perf_counter()
                 out, st = jax.block_until_ready(call(fns[key], key, batch, rng))

@@ -8,7 +8,8 @@ iteration, measured walltime speedup and the Theorem 3.8 prediction.
 
 Timing rules (so ratios mean something):
 * every jitted function is compiled and run once on the evaluation shapes before timing;
-* baseline and speculative run interleaved example by example, alternating which goes first;
+* baseline and speculative run interleaved example by example, in a seeded random order per
+  example (`benchmark.call_order`: who goes first never correlates with the examples);
 * each call ends with `jax.block_until_ready`; seconds are wall-clock (`time.perf_counter`);
 * the whole prediction is timed for both (encoder pass + cache set-up + decode loop).
 
@@ -35,6 +36,7 @@ import numpy as np
 import tqdm
 
 from specdec_t5x import (
+    benchmark,
     cpu_kernel,
     eval_checks,
     eval_inputs,
@@ -322,10 +324,7 @@ def evaluate(
     ):  # all batches with one process; batch i -> process i mod P with several
         n, batch = batches[i]
         rng = jax.random.fold_in(rng0, i)
-        order = list(keys)
-        if i % 2:
-            order.reverse()  # alternate who goes first
-        for key in order:
+        for key in benchmark.call_order(keys, i, seed):  # seeded random order per batch
             if key == "baseline":
                 tokens, seconds = _timed(base_fn, target_params, batch, rng, compiles=compiles)
                 stats = None

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_t5x import cost_curve, eval_inputs, gamma_control, provenance
+from specdec_t5x import benchmark, cost_curve, eval_inputs, gamma_control, provenance
 
 
 def _stats_sums(stats_list) -> dict[str, float]:
@@ -119,7 +119,7 @@ def compare(
     names = ["baseline", *fixed, *auto]
     for i, batch in enumerate(batches):
         rng = jax.random.fold_in(jax.random.PRNGKey(seed), i)
-        order = names[i % len(names) :] + names[: i % len(names)]
+        order = benchmark.call_order(names, i, seed)
         for name in order:
             if name in auto:
                 decoder = auto[name]
