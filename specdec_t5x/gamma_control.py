@@ -175,15 +175,16 @@ class GammaController:
         """(γ, its predicted speedup): the best γ, 0 when none predicts > 1 even at the optimistic
         α (then the γ best at that α, to explore); (1, None) to probe.
 
-        After γ > 0 was timed `min_timed_calls` times, the baseline is chosen (prediction 1.0)
-        until it is timed as often; afterwards, while speculating, every `baseline_every`-th call
-        re-times the baseline (prediction 1.0).
+        After γ > 0 was timed `min_timed_calls` times, the baseline is chosen until it is timed
+        as often; afterwards, while speculating, every `baseline_every`-th call re-times the
+        baseline. Both are measurements, not decisions: (0, None) (a decision for "off" is (0,
+        1.0)).
         """
         alpha = self.alpha
         if alpha is None:
             return 1, None
         if self._timed(True) and not self._timed(False):
-            return 0, 1.0  # time the baseline before trusting the prediction
+            return 0, None  # time the baseline before trusting the prediction
         predicted = self.predictions(alpha)
         best = max(predicted, key=lambda g: (predicted[g], -g))  # ties: the smaller γ
         if predicted[best] > 1.0:
@@ -194,7 +195,7 @@ class GammaController:
             choice = (explore, predicted[explore]) if optimistic[explore] > 1.0 else (0, 1.0)
         retime = self.baseline_every and self.calls_since_baseline >= self.baseline_every - 1
         if choice[0] > 0 and self._timed(False) and retime:
-            return 0, 1.0  # re-time the baseline (ρ_b from calls spread over the run)
+            return 0, None  # re-time the baseline (ρ_b from calls spread over the run)
         return choice
 
     @property
@@ -420,11 +421,14 @@ def summarise_auto(
       baseline_seconds, seconds: per-example wall seconds of the baseline and the auto run.
       stats: per-example `SpeculativeStats` (NumPy), None where γ = 0 was chosen.
       chosen: per-example γ chosen (0 = off).
-      predictions: per-example predicted speedup of the choice (None for the γ = 1 probe).
+      predictions: per-example predicted speedup of the choice; None for a measurement call (the
+        γ = 1 probe, and γ = 0 calls that time the baseline: `GammaController.choose`).
       identical: optional fraction of examples equal to the baseline's tokens.
 
     Returns:
-      {'gamma': 'auto', 'gamma_chosen': {γ: count}, 'speedup', 'median_example_speedup',
+      {'gamma': 'auto', 'gamma_chosen': {γ: count} (measurement calls included),
+      'baseline_timing_examples' (γ = 0 calls that timed the baseline, in gamma_chosen['0']),
+      'probe_examples', 'speedup', 'median_example_speedup',
       'alpha_beta' (None when every example ran off), 'alpha_display' ('off' or 'α.aa'),
       'tokens_per_iteration', 'predicted_speedup' (mean over examples with a prediction), ...}.
     """
@@ -437,9 +441,12 @@ def summarise_auto(
     alpha = beta_sum / num_beta if num_beta else None
     known = [p for p in predictions if p is not None]
     counts = {str(g): chosen.count(g) for g in sorted(set(chosen))}
+    measuring = [g for g, p in zip(chosen, predictions, strict=True) if p is None]
     return {
         "gamma": "auto",
         "gamma_chosen": counts,
+        "baseline_timing_examples": sum(1 for g in measuring if g == 0),
+        "probe_examples": sum(1 for g in measuring if g > 0),
         "speedup": float(base.sum() / secs.sum()),
         "median_example_speedup": float(np.median(base / secs)),
         "alpha_beta": alpha,

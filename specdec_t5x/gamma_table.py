@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_t5x import benchmark, cost_curve, eval_inputs, gamma_control, provenance
+from specdec_t5x import benchmark, cost_curve, eval_inputs, gamma_control, provenance, reports
 
 
 def _stats_sums(stats_list) -> dict[str, float]:
@@ -163,6 +163,11 @@ def compare(
         if name in auto:
             counts = collections.Counter(chosen[name])
             row["gamma_chosen"] = {str(g): n for g, n in sorted(counts.items())}
+            row["baseline_timing_examples"] = sum(
+                1
+                for g, p in zip(chosen[name], predicted[name], strict=True)
+                if g == 0 and p is None
+            )
             final_gamma, final_prediction = auto[name].choose(batches[0])
             row["gamma_final"] = final_gamma
             row["predicted_speedup"] = final_prediction
@@ -198,9 +203,7 @@ def markdown(result: Mapping[str, Any], title: str) -> str:
     fmt = lambda x, spec: "–" if x is None else format(x, spec)  # noqa: E731
     for name, row in result["rows"].items():
         if "gamma_chosen" in row:
-            gamma = ", ".join(
-                f"{'off' if g == '0' else g}×{n}" for g, n in row["gamma_chosen"].items()
-            )
+            gamma = reports.auto_choices(row)
         else:
             gamma = str(row["gamma"])
         alpha = "off" if row["alpha"] is None else f"{row['alpha']:.2f}"

@@ -246,8 +246,23 @@ def table_row(m: dict[str, Any]) -> str:
     )
 
 
+def auto_choices(m: dict[str, Any]) -> str:
+    """'off×a, baseline timing×b, 2×c, …' of an auto row (`gamma_control.summarise_auto`)."""
+    timing = m.get("baseline_timing_examples", 0)
+    parts = []
+    for g, n in m["gamma_chosen"].items():
+        if g != "0":
+            parts.append(f"{g}×{n}")
+            continue
+        if n > timing:
+            parts.append(f"off×{n - timing}")
+        if timing:
+            parts.append(f"baseline timing×{timing}")
+    return ", ".join(parts)
+
+
 def _auto_row(m: dict[str, Any]) -> str:
-    chosen = ", ".join(f"{'off' if g == '0' else g}×{n}" for g, n in m["gamma_chosen"].items())
+    chosen = auto_choices(m)
     fmt = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
     speed = f"{m['speedup']:.2f}X"
     if m.get("speedup_interval"):  # paired bootstrap 5–95 % over examples

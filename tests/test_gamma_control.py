@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import encoder_inputs, perturbed
 
-from specdec_t5x import drafts, gamma_control, models, speculative, theory
+from specdec_t5x import drafts, gamma_control, models, reports, speculative, theory
 
 
 def curve(draft_ms, verify_growth=0.0, overhead_ms=0.0, gamma_max=6):
@@ -121,7 +121,7 @@ def test_controller_corrects_its_model_by_each_calls_own_counts():
     spec_ms = controller.curve.speculative_call_ms(gamma, 20)
     for _ in range(2):  # γ timed at 5x its modelled time (20 counted iterations, 60 tokens)
         controller.observe(gamma, 5 * spec_ms / 1e3, 60, iterations=20)
-    assert controller.choose() == (0, 1.0)  # now time the baseline
+    assert controller.choose() == (0, None)  # now time the baseline (a measurement)
     for _ in range(2):  # the baseline on much shorter examples, exactly as modelled
         controller.observe(0, controller.curve.baseline_call_ms(6) / 1e3, 6)
     k = controller.corrections()
@@ -220,6 +220,13 @@ def test_summarise_auto_reports_off_and_the_choices():
     on = gamma_control.summarise_auto([1.0, 1.0], [0.5, 1.0], [stats, None], [2, 0], [None, 1.0])
     assert on["alpha_display"] == "0.50" and on["tokens_per_iteration"] == 2.5
     assert on["gamma_chosen"] == {"0": 1, "2": 1} and on["predicted_speedup"] == 1.0
+    assert on["probe_examples"] == 1 and on["baseline_timing_examples"] == 0
+    # γ = 0 with no prediction is a baseline timing, reported apart from "off" decisions.
+    timed = gamma_control.summarise_auto(
+        [1.0] * 3, [1.0] * 3, [stats, None, None], [2, 0, 0], [1.2, None, 1.0]
+    )
+    assert timed["baseline_timing_examples"] == 1 and timed["gamma_chosen"] == {"0": 2, "2": 1}
+    assert reports.auto_choices(timed) == "off×1, baseline timing×1, 2×1"
 
 
 def test_bootstrap_interval_brackets_the_ratio_and_rejects_mismatched_runs():
@@ -247,7 +254,7 @@ def test_baseline_is_retimed_while_speculating_and_corrects_a_slow_first_timing(
     base_s = c.baseline_call_ms(tokens) / 1e3  # the baseline really as modelled
     for _ in range(2):
         controller.observe(gamma, spec_s, tokens, iterations)
-    assert controller.choose() == (0, 1.0)
+    assert controller.choose() == (0, None)
     for _ in range(2):  # the two first baseline timings ran 2x slow (cold caches, noise)
         controller.observe(0, 2.0 * base_s, tokens)
     assert controller.choose()[0] > 0  # ρ_b too high: speculation predicted to pay
