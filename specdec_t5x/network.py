@@ -25,11 +25,16 @@ so in bfloat16 too the logits are T5X's bit for bit (on the same backend and ker
 
 Cache layout per decoder layer (collection ``'cache'``)::
 
-  decoder/layers_{i}/self_attention/cached_key           dtype [batch, max_len, heads, head_dim]
-  decoder/layers_{i}/self_attention/cached_value         dtype [batch, max_len, heads, head_dim]
-  decoder/layers_{i}/encoder_decoder_attention/cached_key    dtype [batch, enc_len, heads, head_dim]
-  decoder/layers_{i}/encoder_decoder_attention/cached_value  dtype [batch, enc_len, heads, head_dim]
+  decoder/layers_{i}/self_attention/cached_key           dtype [batch, heads, max_len, head_dim]
+  decoder/layers_{i}/self_attention/cached_value         dtype [batch, heads, max_len, head_dim]
+  decoder/layers_{i}/encoder_decoder_attention/cached_key    dtype [batch, heads, enc_len, head_dim]
+  decoder/layers_{i}/encoder_decoder_attention/cached_value  dtype [batch, heads, enc_len, head_dim]
   decoder/cache_index                                     int32 [] (T5X-convention calls only)
+
+Heads before length: the layout XLA's batched attention dots take ((batch, heads) leading), so a
+cached step reads K and V where they lie. Stored length-major, XLA:CPU copied every layer's cached
+K and V into that layout on every step (12 % of the embedded target's step at 64 source tokens,
+15 % at 256; `results/verify_cost/`); the dots themselves are unchanged.
 
 Every other cache leaf carries the batch axis first, so T5X-style `num_decodes` expansion (which
 skips leaves named `cache_index`) works unchanged.
@@ -315,15 +320,17 @@ class MultiHeadAttention(nn.Module):
             return y.reshape(y.shape[:2] + (heads, head_dim))  # [b, l, h*d] -> [b, l, h, d]
 
         query = project("query", q_inputs, _query_init(head_dim))  # [b, q, h, d]
+        heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [b, l, h, d] <-> [b, h, l, d]
         if cache_mode == "cross" and kv_inputs is None:
             # Read the K/V projected when the cache was created (our block steps pass no encoder
-            # output).
-            key = self.variable("cache", "cached_key").value
+            # output), stored heads first.
+            key = self.variable("cache", "cached_key").value  # [b, h, k, d]
             value = self.variable("cache", "cached_value").value
         elif cache_mode == "cross":
             # Given the encoder output (T5X's step convention), project it as T5X does; the cache
             # keeps the projection made when it was created.
-            key, value = project("key", kv_inputs), project("value", kv_inputs)
+            key = heads_first(project("key", kv_inputs))  # [b, h, k, d]
+            value = heads_first(project("value", kv_inputs))
             self.variable("cache", "cached_key", lambda: key)
             self.variable("cache", "cached_value", lambda: value)
         else:
@@ -331,30 +338,34 @@ class MultiHeadAttention(nn.Module):
             value = project("value", kv_inputs)
         if cache_mode == "self":
             initialised = self.has_variable("cache", "cached_key")
-            cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-            cached_value = self.variable(
-                "cache", "cached_value", jnp.zeros, value.shape, value.dtype
-            )
+            shape = heads_first(key).shape  # the init call: [b, h, max_len, d]
+            cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, key.dtype)
+            cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, value.dtype)
             if initialised:
-                max_len = cached_key.value.shape[1]
-                rows = jnp.arange(batch)[:, None]  # [b, 1]
+                max_len = cached_key.value.shape[2]
+                rows = jnp.arange(batch)[:, None, None]  # [b, 1, 1]
+                cols = jnp.arange(heads)[None, :, None]  # [1, h, 1]
+                at = (rows, cols, query_positions[:, None, :])  # -> [b, h, q]
                 # Write (not add) the k new entries at their absolute positions; positions past
                 # the cache end are dropped (the sampler never reads their outputs).
-                cached_key.value = cached_key.value.at[rows, query_positions].set(key, mode="drop")
-                cached_value.value = cached_value.value.at[rows, query_positions].set(
-                    value, mode="drop"
+                cached_key.value = cached_key.value.at[at].set(heads_first(key), mode="drop")
+                cached_value.value = cached_value.value.at[at].set(
+                    heads_first(value), mode="drop"
                 )
-                key, value = cached_key.value, cached_value.value  # [b, max_len, h, d]
+                key, value = cached_key.value, cached_value.value  # [b, h, max_len, d]
                 key_positions = jnp.arange(max_len, dtype=jnp.int32)
                 # Causal by position: query at t sees cache slots <= t only.
                 mask = (key_positions[None, None, :] <= query_positions[:, :, None])[:, None]
+            else:
+                key, value = heads_first(key), heads_first(value)
+        kv = "bhkd" if cache_mode in ("self", "cross") else "bkhd"  # cached: heads first
 
         # T5X's dtypes (layers.py::dot_product_attention): q.k, the additive bias (mask bias
         # NEG_INF/0 in `dtype` plus the relative-position bias) and the softmax all run in the
         # activation dtype, or in float32 when `float32_attention_logits`.
         if cfg.float32_attention_logits:
             query, key = query.astype(jnp.float32), key.astype(jnp.float32)
-        logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [b, h, q, k]
+        logits = jnp.einsum(f"bqhd,{kv}->bhqk", query, key)  # [b, h, q, k]
         if mask is not None:
             mask_bias = jax.lax.select(
                 mask,
@@ -366,7 +377,7 @@ class MultiHeadAttention(nn.Module):
             logits = logits + bias.astype(logits.dtype)
         weights = jax.nn.softmax(logits).astype(cfg.dtype)  # [b, h, q, k]
         weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=not enable_dropout)
-        out = jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(cfg.dtype))
+        out = jnp.einsum(f"bhqk,{kv}->bqhd", weights, value.astype(cfg.dtype))
         out = out.reshape(batch, q_len, features)  # [b, q, h, d] -> [b, q, h*d]
         return Dense(cfg.emb_dim, cfg.dtype, name="out")(out)
 
@@ -556,7 +567,7 @@ class Decoder(nn.Module):
 def _cache_len(decoder: nn.Module) -> int:
     """Length (max_decode_len) of the decoder self-attention cache."""
     cache = decoder.variables["cache"][_first_layer(decoder.config)]
-    return cache["self_attention"]["cached_key"].shape[-3]  # [(layers,) b, len, h, d]
+    return cache["self_attention"]["cached_key"].shape[-2]  # [(layers,) b, h, len, d]
 
 
 def _first_layer(config: T5Config) -> str:

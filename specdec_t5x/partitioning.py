@@ -12,7 +12,7 @@ parameter and activation partitioning) map them to mesh axes::
   decoder/logits_dense/kernel               [embed, vocab]      -> (None, 'model')
   */relpos_bias/rel_embedding               [heads, relpos_buckets] -> ('model', None)
   */scale (norms)                           [embed]             -> replicated
-  cache cached_key / cached_value           [batch, length, heads, kv] -> ('data', None, 'model', None)
+  cache cached_key / cached_value           [batch, heads, length, kv] -> ('data', 'model', None, None)
 
 With `T5Config(scan_layers=True)` layer parameters and caches have a leading layer axis, which is
 never sharded.
@@ -135,14 +135,14 @@ def param_shardings(params_or_shapes: Any, mesh: Mesh, rules=LOGICAL_AXIS_RULES)
 
 
 def cache_shardings(cache: Any, mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> Any:
-    """Shardings of a decode cache: K/V `[batch, length, heads, kv]`; other leaves batch-first."""
+    """Shardings of a decode cache: K/V `[batch, heads, length, kv]`; other leaves batch-first."""
 
     def sharding(path, leaf):
         names = _path_names(path)
         if names and names[-1] in ("cached_key", "cached_value") and len(leaf.shape) == 4:
-            axes = ("batch", "length", "heads", "kv")
+            axes = ("batch", "heads", "length", "kv")
         elif names and names[-1] in ("cached_key", "cached_value") and len(leaf.shape) == 5:
-            axes = (None, "batch", "length", "heads", "kv")  # scanned layers
+            axes = (None, "batch", "heads", "length", "kv")  # scanned layers
         else:
             axes = ("batch",) + (None,) * (len(leaf.shape) - 1) if leaf.shape else ()
         return NamedSharding(mesh, logical_to_spec(axes, leaf.shape, mesh, rules))

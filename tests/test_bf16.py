@@ -27,7 +27,7 @@ def test_bf16_speculative_greedy_equals_baseline_with_bf16_dtypes():
     assert encoded.dtype == jnp.bfloat16 and encoded.shape == (2, 6, 16)
     cache = models.init_cache(module, params, encoded, ENC, MAX_LEN)
     kv = cache["decoder"]["layers_0"]["self_attention"]["cached_key"]
-    assert kv.dtype == jnp.bfloat16 and kv.shape == (2, MAX_LEN, config.num_heads, 8)
+    assert kv.dtype == jnp.bfloat16 and kv.shape == (2, config.num_heads, MAX_LEN, 8)
     logits, _ = models.make_block_step(module, params, ENC)(
         jnp.zeros((2, 3), jnp.int32), jnp.zeros((2,), jnp.int32), cache
     )

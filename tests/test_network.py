@@ -153,8 +153,8 @@ def test_cross_attention_kv_is_cached_not_recomputed(tiny_target):
     logits_zeroed, _ = step_zeroed(tokens, pos, cache)
     np.testing.assert_array_equal(logits, logits_zeroed)
     layer = cache["decoder"]["layers_0"]
-    assert layer["encoder_decoder_attention"]["cached_key"].shape == (2, 5, 4, 3)
-    assert layer["self_attention"]["cached_key"].shape == (2, 6, 4, 3)
+    assert layer["encoder_decoder_attention"]["cached_key"].shape == (2, 4, 5, 3)
+    assert layer["self_attention"]["cached_key"].shape == (2, 4, 6, 3)
 
 
 def test_cached_calls_without_positions_use_and_advance_cache_index(tiny_target):

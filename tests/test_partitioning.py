@@ -48,17 +48,17 @@ def test_undivisible_axes_stay_replicated_and_unknown_names_fail():
 def test_cache_specs_batch_on_data_heads_on_model():
     cache = {
         "layers_0": {
-            "self_attention": {"cached_key": jax.ShapeDtypeStruct((4, 10, 8, 64), np.float32)},
+            "self_attention": {"cached_key": jax.ShapeDtypeStruct((4, 8, 10, 64), np.float32)},
             "encoder_decoder_attention": {
-                "cached_value": jax.ShapeDtypeStruct((4, 7, 8, 64), np.float32)
+                "cached_value": jax.ShapeDtypeStruct((4, 8, 7, 64), np.float32)
             },
         },
         "unused": jax.ShapeDtypeStruct((4,), np.int32),  # n-gram drafts' placeholder cache
     }
     specs = partitioning.cache_shardings(cache, AbstractMesh((2, 4), partitioning.MESH_AXES))
-    assert specs["layers_0"]["self_attention"]["cached_key"].spec == P("data", None, "model", None)
+    assert specs["layers_0"]["self_attention"]["cached_key"].spec == P("data", "model", None, None)
     assert specs["layers_0"]["encoder_decoder_attention"]["cached_value"].spec == P(
-        "data", None, "model", None
+        "data", "model", None, None
     )
     assert specs["unused"].spec == P("data")
 
