@@ -349,9 +349,7 @@ class MultiHeadAttention(nn.Module):
                 # Write (not add) the k new entries at their absolute positions; positions past
                 # the cache end are dropped (the sampler never reads their outputs).
                 cached_key.value = cached_key.value.at[at].set(heads_first(key), mode="drop")
-                cached_value.value = cached_value.value.at[at].set(
-                    heads_first(value), mode="drop"
-                )
+                cached_value.value = cached_value.value.at[at].set(heads_first(value), mode="drop")
                 key, value = cached_key.value, cached_value.value  # [b, h, max_len, d]
                 key_positions = jnp.arange(max_len, dtype=jnp.int32)
                 # Causal by position: query at t sees cache slots <= t only.
