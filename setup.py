@@ -31,7 +31,7 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-    "test": ["pytest==9.2.0", "scipy==1.17.1", "ruff==0.17.6"],
+    "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "scipy==1.17.1", "ruff==0.17.6"],
     # Hugging Face interop and the side-by-side benchmark (CPU torch from the local wheel).
     "hf": ["torch==2.13.0", "transformers"],
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README): creates .venv if missing, installs the package with its
-# test extras, runs the linter and the test suite. Extra arguments go to pytest.
+# test extras, runs the linter and the test suite (two pytest-xdist workers, one per core;
+# a test file stays on one worker). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
@@ -9,4 +10,4 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
 .venv/bin/ruff check specdec_t5x scripts tests
 .venv/bin/ruff format --check specdec_t5x scripts tests
-exec .venv/bin/python -m pytest -q "$@" tests
+exec .venv/bin/python -m pytest -q -n 2 --dist loadfile "$@" tests
