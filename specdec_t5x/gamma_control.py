@@ -68,7 +68,14 @@ class GammaController:
     (γ = 0) instead, so that ρ_b is learnt from calls spread over the run like ρ_s, not from the
     two calls after the probe (the failure this prevents: two baseline calls that happened to run
     slow made ρ_b too high, and γ = 2 was kept for 97 of 100 summaries at 0.88× the baseline).
-    The cost is 1/`baseline_every` of the calls run at the baseline's speed.
+    The cost is 1/`baseline_every` of the calls run at the baseline's speed, so re-timing is
+    skipped while the decision to speculate is safe: once the baseline was timed
+    `retime_min_calls` times, ρ_b is known to a relative standard error s_b / √n_b (s_b: the spread
+    of measured / modelled over the baseline calls), and while the chosen γ's prediction stays
+    above 1 even with ρ_b at its lower bound (prediction · (1 − `retime_z` · s_b / √n_b) > 1) a
+    re-timing could not switch speculation off; then the baseline is re-timed only every
+    `max_baseline_every` calls (drift). ρ_b scales every γ > 0 alike, so it never changes which γ
+    is chosen, only whether to speculate.
 
     Exploring (optimism under uncertainty, as in UCB bandits): α learnt from n speculative calls is
     uncertain by about `alpha_spread` / √n (α varies from example to example), and once speculation
@@ -86,6 +93,9 @@ class GammaController:
       beta_sum, num_beta: running Σ β and count over all speculative calls so far.
       min_timed_calls: timed calls of the baseline and of γ > 0 before their corrections are used.
       baseline_every: while speculating, re-time the baseline on every n-th call (0: never).
+      max_baseline_every: ... every n-th call even while the decision is safe (0: never).
+      retime_min_calls: baseline timings before their spread is trusted to skip re-timing.
+      retime_z: the lower bound's multiple of ρ_b's standard error (1.645: one-sided 95 %).
       gamma_prior_calls: weight, in calls, of the pooled ρ_s in each γ's own ρ_s.
       alpha_spread: assumed spread (standard deviation) of one call's α around the run's α.
       optimism_z: the margin's multiple of alpha_spread / √n (1.645: one-sided 95 %).
@@ -94,6 +104,8 @@ class GammaController:
       measured_ms, modelled_ms: {'baseline' | 'speculative' | γ: Σ wall ms, Σ modelled ms} (γ:
         that γ's speculative calls alone).
       calls_since_baseline: calls since the baseline was last timed.
+      baseline_ratio_sum, baseline_ratio_sq_sum: Σ and Σ² of measured / modelled per baseline
+        call (s_b).
       longest_tokens, calls: Σ longest-row tokens and the number of observed calls (L).
       counted_iterations, expected_iterations: Σ over speculative calls (η).
     """
@@ -104,6 +116,9 @@ class GammaController:
     num_beta: int = 0
     min_timed_calls: int = 2
     baseline_every: int = 8
+    max_baseline_every: int = 32
+    retime_min_calls: int = 4
+    retime_z: float = 1.645
     gamma_prior_calls: float = 4.0
     alpha_spread: float = 0.2
     optimism_z: float = 1.645
@@ -116,6 +131,8 @@ class GammaController:
     counted_iterations: float = 0.0
     expected_iterations: float = 0.0
     calls_since_baseline: int = 0
+    baseline_ratio_sum: float = 0.0
+    baseline_ratio_sq_sum: float = 0.0
 
     @property
     def alpha(self) -> float | None:
@@ -193,10 +210,28 @@ class GammaController:
             optimistic = self.predictions(self.optimistic_alpha)
             explore = max(range(1, self.curve.gamma_max + 1), key=lambda g: (optimistic[g], -g))
             choice = (explore, predicted[explore]) if optimistic[explore] > 1.0 else (0, 1.0)
-        retime = self.baseline_every and self.calls_since_baseline >= self.baseline_every - 1
-        if choice[0] > 0 and self._timed(False) and retime:
+        if choice[0] > 0 and self._timed(False) and self._retime(choice[1]):
             return 0, None  # re-time the baseline (ρ_b from calls spread over the run)
         return choice
+
+    def baseline_standard_error(self) -> float | None:
+        """s_b / √n_b: ρ_b's relative standard error over the timed baseline calls (None below
+        `retime_min_calls` calls)."""
+        n = self.timed_calls.get(0, 0)
+        if n < max(self.retime_min_calls, 2):
+            return None
+        mean = self.baseline_ratio_sum / n
+        var = max(self.baseline_ratio_sq_sum / n - mean * mean, 0.0) * n / (n - 1)
+        return float(np.sqrt(var / n) / mean)
+
+    def _retime(self, predicted: float | None) -> bool:
+        """Whether the next call re-times the baseline instead of speculating (see the class)."""
+        since = self.calls_since_baseline + 1
+        if not self.baseline_every or since < self.baseline_every:
+            return False
+        se = self.baseline_standard_error()
+        safe = se is not None and predicted is not None and predicted * (1 - self.retime_z * se) > 1
+        return not safe or (self.max_baseline_every > 0 and since >= self.max_baseline_every)
 
     @property
     def optimistic_alpha(self) -> float | None:
@@ -249,6 +284,10 @@ class GammaController:
             self.measured_ms[key] = self.measured_ms.get(key, 0.0) + 1e3 * float(seconds)
             self.modelled_ms[key] = self.modelled_ms.get(key, 0.0) + modelled
         self.calls_since_baseline = 0 if gamma == 0 else self.calls_since_baseline + 1
+        if gamma == 0 and modelled > 0:
+            ratio = 1e3 * float(seconds) / modelled
+            self.baseline_ratio_sum += ratio
+            self.baseline_ratio_sq_sum += ratio * ratio
         self.timed_calls[gamma] = self.timed_calls.get(gamma, 0) + 1
         self.longest_tokens += int(longest_tokens)
         self.calls += 1

@@ -274,6 +274,58 @@ def test_baseline_is_retimed_while_speculating_and_corrects_a_slow_first_timing(
     assert [never.choose()[0] > 0 for _ in range(3)] == [True] * 3
 
 
+def _retimings(controller, c, gamma_factor, base_noise, calls=96):
+    """Runs `calls` choices against a world where speculation costs `gamma_factor` × its model and
+    the baseline call its model × (1 ± base_noise, alternating); returns the γ chosen per call."""
+    tokens, seen = 30, []
+    for i in range(calls):
+        g, _ = controller.choose()
+        seen.append(g)
+        if g == 0:
+            noise = 1 + base_noise * (1 if i % 2 else -1)
+            controller.observe(0, noise * c.baseline_call_ms(tokens) / 1e3, tokens)
+        else:
+            iterations = tokens / theory.expected_tokens_per_iteration(0.6, g)
+            ms = gamma_factor * c.speculative_call_ms(g, iterations)
+            controller.observe(g, ms / 1e3, tokens, iterations)
+    return seen
+
+
+def test_baseline_retiming_is_skipped_while_speculation_safely_pays():
+    """A clear win re-times the baseline only every max_baseline_every calls; a marginal one, where
+    ρ_b's uncertainty could flip the decision, every baseline_every calls."""
+    c = curve(draft_ms=0.5, verify_growth=0.5)
+    kw = dict(prior_alpha=0.6, baseline_every=8, max_baseline_every=32, retime_min_calls=4)
+    clear = gamma_control.GammaController(c, **kw)
+    assert clear.choose()[1] > 1.5
+    seen = _retimings(clear, c, gamma_factor=1.0, base_noise=0.02)
+    assert clear.baseline_standard_error() < 0.02
+    # 2 after the first speculative timings, 2 more at baseline_every while n_b < 4, then one
+    # per max_baseline_every calls.
+    assert 5 <= seen.count(0) <= 7, seen
+    assert all(g > 0 for g in seen[-30:-2]) or seen[-30:].count(0) <= 1
+    # The rule itself: ρ_b from 4 baseline calls of ratio 1.0, 1.0, 1.2, 0.8 (relative standard
+    # error 0.0816), 7 speculative calls since the last one: re-time unless the prediction stays
+    # above 1 at ρ_b's lower bound (1 - 1.645 · 0.0816 = 0.866), or 32 calls have passed.
+    rule = gamma_control.GammaController(c, **kw)
+    for ratio in (1.0, 1.0, 1.2, 0.8):
+        rule.observe(0, ratio * c.baseline_call_ms(30) / 1e3, 30)
+    for _ in range(7):
+        rule.observe(2, 0.1, 30, 15)
+    assert rule.baseline_standard_error() == pytest.approx(0.0816, abs=1e-3)
+    assert not rule._retime(1.2) and not rule._retime(1.16)  # 1.16 · 0.866 > 1
+    assert rule._retime(1.14) and rule._retime(1.05) and rule._retime(None)
+    for _ in range(24):
+        rule.observe(2, 0.1, 30, 15)
+    assert rule._retime(3.0)  # 32 calls since: drift
+    few = gamma_control.GammaController(c, **kw)
+    for ratio in (1.0, 1.0, 1.0):  # fewer than retime_min_calls: not trusted
+        few.observe(0, ratio * c.baseline_call_ms(30) / 1e3, 30)
+    for _ in range(7):
+        few.observe(2, 0.1, 30, 15)
+    assert few.baseline_standard_error() is None and few._retime(3.0)
+
+
 def test_speculative_correction_is_per_gamma_shrunk_toward_the_pooled_one():
     c = curve(draft_ms=1.0, verify_growth=1.0)
     controller = gamma_control.GammaController(c, prior_alpha=0.6, gamma_prior_calls=4.0)
