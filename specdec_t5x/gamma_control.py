@@ -348,18 +348,23 @@ class AutoGammaDecoder:
         self.controller = None if curve is None else GammaController(curve, prior_alpha)
         self._fns: dict[int, Any] = {}
         self._compiled: set[tuple] = set()
-        self._baseline = models.EncoderDecoderModel(spec_model.module)
+        self._baseline = models.EncoderDecoderModel(
+            spec_model.module, cpu_weight_dtype=getattr(spec_model, "cpu_weight_dtype", "float32")
+        )
 
     def _fn(self, gamma: int):
         if gamma not in self._fns:
             if gamma == 0:
                 params = dict(self.settings)
-                self._fns[0] = jax.jit(
-                    lambda tp, dp, b, rng: (
+                fn = jax.jit(
+                    lambda tp, b, rng: (
                         self._baseline.predict_batch_with_aux(tp, b, rng, decoder_params=params)[0],
                         {},
                     )
                 )
+                # The draft's parameters are not passed to the baseline's jitted function (each
+                # argument leaf costs dispatch time in every call).
+                self._fns[0] = lambda tp, dp, b, rng: fn(tp, b, rng)
             else:
                 params = {
                     **self.settings,
