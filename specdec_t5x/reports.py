@@ -284,8 +284,12 @@ def auto_table_row(m: dict[str, Any]) -> str | None:
 
 
 def results_table(metrics_files: Sequence[str | os.PathLike]) -> str:
-    """Markdown table (Table 2 shape) of several runs' `metrics.json`, in the given order."""
-    rows = [table_row(json.loads(pathlib.Path(f).read_text())) for f in metrics_files]
+    """Markdown table (Table 2 shape) of several runs' `metrics.json`, in the given order; a run
+    whose sweep included 'auto' adds its auto-γ row (`auto_table_row`) after its own row."""
+    rows = []
+    for f in metrics_files:
+        m = json.loads(pathlib.Path(f).read_text())
+        rows += [r for r in (table_row(m), auto_table_row(m)) if r]
     return "\n".join([TABLE_HEADER, *rows])
 
 
