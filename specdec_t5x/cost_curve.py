@@ -46,6 +46,11 @@ class CostCurve:
       target_setup_ms, draft_setup_ms: encoder pass + cache set-up per call (0: not measured).
       baseline_fixed_ms: the baseline loop's fixed work per call.
       speculative_fixed_ms: {γ: the speculative loop's fixed work per call} (missing: 0).
+      call_scale: {γ: measured / modelled wall time of real decode calls of γ} (0: the baseline;
+        missing: 1), from `calibrated`. The component model composes costs timed in isolation;
+        in the real loops the extra draft steps of γ >= 2 cost more than their isolated time
+        (measured / predicted fell from ~1.0 at γ = 1 to ~0.9 at γ = 2 and ~0.8 at γ = 5 in every
+        Table-2 row of session 7), which made the model prefer γ = 2 where γ = 1 was faster.
     """
 
     block_step_ms: Mapping[int, float]
@@ -56,6 +61,7 @@ class CostCurve:
     draft_setup_ms: float = 0.0
     baseline_fixed_ms: float = 0.0
     speculative_fixed_ms: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    call_scale: Mapping[int, float] = dataclasses.field(default_factory=dict)
 
     @property
     def gamma_max(self) -> int:
@@ -77,14 +83,15 @@ class CostCurve:
 
     def baseline_call_ms(self, tokens: float) -> float:
         """Modelled wall ms of one baseline call whose longest row generates `tokens` tokens."""
-        return self.target_setup_ms + self.baseline_fixed_ms + tokens * self.unit_ms
+        scale = self.call_scale.get(0, 1.0)
+        return scale * (self.target_setup_ms + self.baseline_fixed_ms + tokens * self.unit_ms)
 
     def speculative_call_ms(self, gamma: int, iterations: float) -> float:
         """Modelled wall ms of one speculative call of γ >= 1 running `iterations` iterations."""
         fixed = (
             self.target_setup_ms + self.draft_setup_ms + self.speculative_fixed_ms.get(gamma, 0.0)
         )
-        return fixed + iterations * self.iteration_ms(gamma)
+        return self.call_scale.get(gamma, 1.0) * (fixed + iterations * self.iteration_ms(gamma))
 
     def predicted_speedup(
         self, alpha: float, gamma: int, tokens_per_call: float | None = None
@@ -102,7 +109,8 @@ class CostCurve:
         if gamma == 0:
             return 1.0
         if tokens_per_call is None:
-            return float(
+            scale = self.call_scale.get(0, 1.0) / self.call_scale.get(gamma, 1.0)
+            return scale * float(
                 theory.measured_walltime_improvement(
                     alpha,
                     gamma,
@@ -125,8 +133,47 @@ class CostCurve:
             "draft_setup_ms": self.draft_setup_ms,
             "baseline_fixed_ms": self.baseline_fixed_ms,
             "speculative_fixed_ms": {str(k): v for k, v in self.speculative_fixed_ms.items()},
+            "call_scale": {str(k): v for k, v in self.call_scale.items()},
             "c": self.c,
         }
+
+
+def calibrated(curve: CostCurve, calls: Mapping[int, Any]) -> CostCurve:
+    """`curve` with `call_scale` from timed real decode calls (median measured / modelled per γ).
+
+    Args:
+      curve: the composed `CostCurve`.
+      calls: {γ: [(wall seconds, longest row's tokens, counted iterations or None), ...]} (γ = 0:
+        the baseline; iterations required for γ >= 1), e.g. a few interleaved rounds of each
+        γ's real decode on the first batch (`gamma_control.AutoGammaDecoder`).
+
+    Raises:
+      ValueError: a γ outside 0..gamma_max, no calls for a γ, or a call without what its model
+        needs (tokens >= 1; iterations >= 1 for γ >= 1).
+    """
+    scale = dict(curve.call_scale)
+    for gamma, timed in calls.items():
+        if gamma not in range(curve.gamma_max + 1) or not timed:
+            raise ValueError(
+                f"calibration calls must be non-empty for γ in 0..{curve.gamma_max}; got γ = "
+                f"{gamma!r} with {len(timed) if timed else 0} calls."
+            )
+        ratios = []
+        for seconds, tokens, iterations in timed:
+            if tokens < 1 or (gamma > 0 and (iterations is None or iterations < 1)):
+                raise ValueError(
+                    f"a calibration call of γ = {gamma} needs tokens >= 1 and, for γ >= 1, "
+                    f"iterations >= 1; got tokens={tokens!r}, iterations={iterations!r}."
+                )
+            base = dataclasses.replace(curve, call_scale={})
+            model = (
+                base.baseline_call_ms(tokens)
+                if gamma == 0
+                else base.speculative_call_ms(gamma, iterations)
+            )
+            ratios.append(1e3 * seconds / model)
+        scale[gamma] = float(statistics.median(ratios))
+    return dataclasses.replace(curve, call_scale=scale)
 
 
 def step_costs(

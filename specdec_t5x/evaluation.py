@@ -401,6 +401,8 @@ def evaluate(
     if auto:
         quality_args = (seqio_task, vocabulary, examples, eos_id)
         _add_auto_row(metrics, runs, choices, gamma == "auto", quality_args)
+        # The calibrated cost curve auto chose from (ms; `cost_curve.CostCurve.to_dict`).
+        metrics["auto"]["cost_curve"] = auto_decoder.controller.curve.to_dict()
     inputs = eval_inputs.pad_rows([e["inputs"] for e in examples], input_len)
     near_ties = []
     if sampling_settings.greedy:

@@ -78,14 +78,23 @@ class GammaController:
     is chosen, only whether to speculate.
 
     Exploring (optimism under uncertainty, as in UCB bandits): α learnt from n speculative calls is
-    uncertain by about `alpha_spread` / √n (α varies from example to example), and once speculation
-    is off it is never measured again. So "off" is chosen only when no γ predicts a speed-up even at
-    the optimistic α̂ + `optimism_z` · `alpha_spread` / √n; otherwise the γ best at that α is used
-    (reported with its prediction at α̂). The margin shrinks as calls accumulate, so a pair that does
-    not pay is switched off after a few calls, and one or two unlucky first examples (the failure
-    this prevents: α̂ = 0.46 from two calls where the run's α was 0.56, off for the remaining 98
-    examples at 0.97× while γ = 2 gave 1.14×) cannot switch it off for good. A `prior_alpha` with no
-    measured call is taken as known (no margin).
+    uncertain by about s_α / √n (α varies from example to example), and once speculation is off it
+    is never measured again. So "off" is chosen only when no γ predicts a speed-up even at the
+    optimistic α̂ + `optimism_z` · s_α / √n; otherwise the γ best at that α is used (reported with
+    its prediction at α̂). The margin shrinks as calls accumulate, so a pair that does not pay is
+    switched off after a few calls, and one or two unlucky first examples (the failure this
+    prevents: α̂ = 0.46 from two calls where the run's α was 0.56, off for the remaining 98 examples
+    at 0.97× while γ = 2 gave 1.14×) cannot switch it off for good. s_α is the measured spread of
+    the per-call α, shrunk toward the assumed `alpha_spread` with the weight of
+    `spread_prior_calls` calls (`alpha_spread_estimate`): summaries sampled at T = 1 spread by 0.07,
+    greedy ones by 0.22, and a margin sized for 0.2 kept a losing pair exploring for half of 100
+    summaries (0.95×). A `prior_alpha` with no measured call is taken as known (no margin).
+
+    Refuted γ: the calls of a γ are themselves a measurement of its speed-up, whatever α is:
+    ρ_b · Σ baseline_call(L_i) / Σ wall_i over its timed calls, with a relative standard error from
+    the spread of the per-call ratios (and ρ_b's own). A γ timed at least `refute_min_calls` times
+    whose speed-up stays below 1 even at its upper bound (· (1 + `refute_z` · se)) is not chosen
+    again (`refuted`): optimism about α cannot outvote what that γ's own calls showed.
 
     Attributes:
       curve: the measured `CostCurve`.
@@ -98,8 +107,15 @@ class GammaController:
       retime_z: the lower bound's multiple of ρ_b's standard error (1.645: one-sided 95 %).
       gamma_prior_calls: weight, in calls, of the pooled ρ_s in each γ's own ρ_s.
       alpha_spread: assumed spread (standard deviation) of one call's α around the run's α.
-      optimism_z: the margin's multiple of alpha_spread / √n (1.645: one-sided 95 %).
+      optimism_z: the margin's multiple of s_α / √n (1.645: one-sided 95 %).
+      spread_prior_calls: weight, in calls, of `alpha_spread` in s_α.
+      refute_min_calls: timed calls of a γ before its own speed-up can refute it.
+      refute_z: the upper bound's multiple of that speed-up's relative standard error.
       beta_calls: speculative calls whose β entered α (n).
+      call_alpha_sum, call_alpha_sq_sum, alpha_calls: Σ and Σ² of the per-call α (s_α) and the
+        number of calls with a β.
+      speedup_terms: {γ: [calls, Σ modelled baseline ms, Σ r, Σ r²]} over γ's timed calls,
+        r = modelled baseline ms / wall ms of the call (refutation).
       timed_calls: {γ: observed calls}.
       measured_ms, modelled_ms: {'baseline' | 'speculative' | γ: Σ wall ms, Σ modelled ms} (γ:
         that γ's speculative calls alone).
@@ -122,7 +138,14 @@ class GammaController:
     gamma_prior_calls: float = 4.0
     alpha_spread: float = 0.2
     optimism_z: float = 1.645
+    spread_prior_calls: float = 4.0
+    refute_min_calls: int = 3
+    refute_z: float = 1.645
     beta_calls: int = 0
+    call_alpha_sum: float = 0.0
+    call_alpha_sq_sum: float = 0.0
+    alpha_calls: int = 0
+    speedup_terms: dict = dataclasses.field(default_factory=dict)
     timed_calls: dict = dataclasses.field(default_factory=dict)
     measured_ms: dict = dataclasses.field(default_factory=dict)
     modelled_ms: dict = dataclasses.field(default_factory=dict)
@@ -190,7 +213,8 @@ class GammaController:
 
     def choose(self) -> tuple[int, float | None]:
         """(γ, its predicted speedup): the best γ, 0 when none predicts > 1 even at the optimistic
-        α (then the γ best at that α, to explore); (1, None) to probe.
+        α (then the γ best at that α, to explore); (1, None) to probe. A `refuted` γ is never
+        chosen.
 
         After γ > 0 was timed `min_timed_calls` times, the baseline is chosen until it is timed
         as often; afterwards, while speculating, every `baseline_every`-th call re-times the
@@ -202,17 +226,46 @@ class GammaController:
             return 1, None
         if self._timed(True) and not self._timed(False):
             return 0, None  # time the baseline before trusting the prediction
+        candidates = [g for g in range(1, self.curve.gamma_max + 1) if not self.refuted(g)]
         predicted = self.predictions(alpha)
-        best = max(predicted, key=lambda g: (predicted[g], -g))  # ties: the smaller γ
-        if predicted[best] > 1.0:
+        # Ties: the smaller γ.
+        best = max(candidates, key=lambda g: (predicted[g], -g), default=0)
+        if best and predicted[best] > 1.0:
             choice = best, predicted[best]
-        else:
+        elif candidates:
             optimistic = self.predictions(self.optimistic_alpha)
-            explore = max(range(1, self.curve.gamma_max + 1), key=lambda g: (optimistic[g], -g))
+            explore = max(candidates, key=lambda g: (optimistic[g], -g))
             choice = (explore, predicted[explore]) if optimistic[explore] > 1.0 else (0, 1.0)
+        else:
+            choice = 0, 1.0
         if choice[0] > 0 and self._timed(False) and self._retime(choice[1]):
             return 0, None  # re-time the baseline (ρ_b from calls spread over the run)
         return choice
+
+    def measured_speedup(self, gamma: int) -> tuple[float, float] | None:
+        """(speed-up, its relative standard error) of γ's own timed calls, None before
+        `refute_min_calls` of them and the baseline were timed.
+
+        Speed-up: ρ_b · Σ baseline_call(L_i) / Σ wall_i (what the baseline would have cost on
+        those calls' tokens over what they cost). Relative standard error: the per-call ratios'
+        s / (√n · mean), combined in quadrature with ρ_b's (`baseline_standard_error`, 0 while
+        that is unknown).
+        """
+        terms = self.speedup_terms.get(gamma)
+        if terms is None or terms[0] < max(self.refute_min_calls, 2) or not self._timed(False):
+            return None
+        n, base_ms, r_sum, r_sq_sum = terms
+        mean = r_sum / n
+        var = max(r_sq_sum / n - mean * mean, 0.0) * n / (n - 1)
+        se_b = self.baseline_standard_error() or 0.0
+        se = float(np.sqrt(var / n + (mean * se_b) ** 2) / mean)
+        rho_b = self.corrections()["baseline"]
+        return float(rho_b * base_ms / self.measured_ms[gamma]), se
+
+    def refuted(self, gamma: int) -> bool:
+        """Whether γ's own calls lose even at their speed-up's upper bound (see the class)."""
+        measured = self.measured_speedup(gamma)
+        return measured is not None and measured[0] * (1 + self.refute_z * measured[1]) < 1.0
 
     def baseline_standard_error(self) -> float | None:
         """s_b / √n_b: ρ_b's relative standard error over the timed baseline calls (None below
@@ -234,18 +287,38 @@ class GammaController:
         return not safe or (self.max_baseline_every > 0 and since >= self.max_baseline_every)
 
     @property
+    def alpha_spread_estimate(self) -> float:
+        """s_α: √((n0 · alpha_spread² + (m − 1) · s²) / (n0 + m − 1)), s² the sample variance of
+        the per-call α over m calls, n0 = `spread_prior_calls` (alpha_spread while m < 2)."""
+        m = self.alpha_calls
+        if m < 2:
+            return self.alpha_spread
+        mean = self.call_alpha_sum / m
+        var = max(self.call_alpha_sq_sum / m - mean * mean, 0.0) * m / (m - 1)
+        n0 = self.spread_prior_calls
+        return float(np.sqrt((n0 * self.alpha_spread**2 + (m - 1) * var) / (n0 + m - 1)))
+
+    @property
     def optimistic_alpha(self) -> float | None:
-        """α̂ + optimism_z · alpha_spread / √n over n = `beta_calls` (α̂ itself when n = 0), ≤ 1."""
+        """α̂ + optimism_z · s_α / √n over n = `beta_calls` (α̂ itself when n = 0), ≤ 1."""
         alpha = self.alpha
         if alpha is None or self.beta_calls == 0:
             return alpha
-        return min(alpha + self.optimism_z * self.alpha_spread / np.sqrt(self.beta_calls), 1.0)
+        margin = self.optimism_z * self.alpha_spread_estimate / np.sqrt(self.beta_calls)
+        return min(alpha + margin, 1.0)
 
     def update(self, stats) -> None:
         """Adds a call's β (`speculative.SpeculativeStats`, any batch) to the running α."""
-        self.beta_sum += float(np.sum(np.asarray(stats.beta_sum)))
-        self.num_beta += int(np.sum(np.asarray(stats.num_beta)))
+        beta_sum = float(np.sum(np.asarray(stats.beta_sum)))
+        num_beta = int(np.sum(np.asarray(stats.num_beta)))
+        self.beta_sum += beta_sum
+        self.num_beta += num_beta
         self.beta_calls += 1
+        if num_beta:
+            call_alpha = min(beta_sum / num_beta, 1.0)
+            self.call_alpha_sum += call_alpha
+            self.call_alpha_sq_sum += call_alpha * call_alpha
+            self.alpha_calls += 1
 
     def observe(
         self, gamma: int, seconds: float, longest_tokens: int, iterations: int | None = None
@@ -288,6 +361,14 @@ class GammaController:
             ratio = 1e3 * float(seconds) / modelled
             self.baseline_ratio_sum += ratio
             self.baseline_ratio_sq_sum += ratio * ratio
+        if gamma > 0 and seconds > 0:
+            base_ms = self.curve.baseline_call_ms(longest_tokens)
+            r = base_ms / (1e3 * float(seconds))
+            terms = self.speedup_terms.setdefault(gamma, [0, 0.0, 0.0, 0.0])
+            terms[0] += 1
+            terms[1] += base_ms
+            terms[2] += r
+            terms[3] += r * r
         self.timed_calls[gamma] = self.timed_calls.get(gamma, 0) + 1
         self.longest_tokens += int(longest_tokens)
         self.calls += 1
@@ -317,7 +398,10 @@ class AutoGammaDecoder:
       verification, draft_confidence_threshold: passed to `speculative.speculative_sample`.
       prior_alpha: α before the first call (None: the first call probes with γ = 1).
       cost_repeats: timing rounds of the cost curve.
-      curve: a `CostCurve` to use instead of measuring one on the first batch.
+      calibration_rounds: rounds of real decode calls of every γ in 0..gamma_max on the first
+        batch (interleaved, after compiling each γ), whose measured / modelled times calibrate
+        the curve per γ (`cost_curve.calibrated`); 0: the composed curve alone.
+      curve: a `CostCurve` to use instead of measuring one on the first batch (not calibrated).
 
     Use `decoder(batch, rng)`, or, to keep compilation out of a timed region, `choose()`,
     `compile(gamma, batch)`, then the timed `decode(gamma, batch, rng)` and `update(aux)`.
@@ -335,10 +419,14 @@ class AutoGammaDecoder:
         draft_confidence_threshold: float = 0.0,
         prior_alpha: float | None = None,
         cost_repeats: int = 20,
+        calibration_rounds: int = 3,
         curve: cost_curve.CostCurve | None = None,
     ):
         if not isinstance(gamma_max, int) or gamma_max < 1:
             raise ValueError(f"gamma_max must be an int >= 1; got gamma_max={gamma_max!r}.")
+        if not isinstance(calibration_rounds, int) or calibration_rounds < 0:
+            raise ValueError(f"calibration_rounds must be an int >= 0; got {calibration_rounds!r}.")
+        self.calibration_rounds = calibration_rounds
         self.spec_model, self.target_params = spec_model, target_params
         self.draft_params = spec_model.draft.params if draft_params is None else draft_params
         self.settings = dict(settings)
@@ -393,8 +481,28 @@ class AutoGammaDecoder:
                 self.verification,
                 self.cost_repeats,
             )
+            if self.calibration_rounds:
+                curve = cost_curve.calibrated(curve, self._calibration_calls(batch))
             self.controller = GammaController(curve, self.prior_alpha)
         return self.controller.choose()
+
+    def _calibration_calls(self, batch: Mapping[str, Array]) -> dict[int, list]:
+        """{γ: [(seconds, longest tokens, iterations)]}: `calibration_rounds` rounds of every γ in
+        0..gamma_max decoding `batch`, each round in a seeded random order (drift hits all γ)."""
+        gammas = list(range(self.gamma_max + 1))
+        for gamma in gammas:
+            self.compile(gamma, batch)
+        calls: dict[int, list] = {g: [] for g in gammas}
+        order = np.random.default_rng(0)
+        for r in range(self.calibration_rounds):
+            rng = jax.random.PRNGKey(r)
+            for gamma in order.permutation(gammas):
+                gamma = int(gamma)
+                start = time.perf_counter()
+                decodes, aux = jax.block_until_ready(self.decode(gamma, batch, rng))
+                seconds = time.perf_counter() - start
+                calls[gamma].append((seconds, *call_counts(decodes, aux)))
+        return calls
 
     def compile(self, gamma: int, batch: Mapping[str, Array]) -> None:
         """Compiles (and runs once) the decoder of γ for this batch shape, if not done yet."""

@@ -61,7 +61,10 @@ def test_controller_probes_then_learns_alpha_from_beta():
     assert gamma == 1 and predicted == pytest.approx(controller.predictions(0.15)[1])  # explore
     for _ in range(8):  # more calls at the same α: the margin shrinks and speculation goes off
         controller.update(stats)
-    assert controller.optimistic_alpha == pytest.approx(0.15 + 1.645 * 0.2 / 3)
+    # Nine calls of α = 0.15 each: the measured spread 0 is shrunk toward 0.2 with 4 calls' weight.
+    spread = np.sqrt(4 * 0.2**2 / (4 + 8))
+    assert controller.alpha_spread_estimate == pytest.approx(spread)
+    assert controller.optimistic_alpha == pytest.approx(0.15 + 1.645 * spread / 3)
     assert controller.choose() == (0, 1.0)
 
 
@@ -339,3 +342,136 @@ def test_speculative_correction_is_per_gamma_shrunk_toward_the_pooled_one():
     assert controller.speculative_correction(1) == pytest.approx((4 * 2.0 + 4 * pooled) / 8)
     assert controller.speculative_correction(2) == pytest.approx((12 * 1.0 + 4 * pooled) / 16)
     assert controller.speculative_correction(5) == pytest.approx(pooled)  # never timed
+
+
+def _stats(alpha, num_beta=10):
+    return speculative.SpeculativeStats(
+        *(jnp.zeros((1,), jnp.int32) for _ in range(3)),
+        accept_histogram=jnp.zeros((1, 2), jnp.int32),
+        beta_sum=jnp.array([alpha * num_beta]),
+        num_beta=jnp.array([num_beta]),
+        num_generated=jnp.zeros((1,), jnp.int32),
+        num_proposed=jnp.zeros((1,), jnp.int32),
+    )
+
+
+def test_alpha_margin_uses_the_measured_spread_of_per_call_alpha():
+    """Per-call α spread by 0.05 (summaries at T = 1 spread by 0.07): the margin is sized from it,
+    shrunk toward the assumed 0.2 with spread_prior_calls' weight, not from 0.2 alone."""
+    controller = gamma_control.GammaController(curve(draft_ms=1.0), spread_prior_calls=4.0)
+    alphas = [0.55, 0.65] * 10
+    for a in alphas:
+        controller.update(_stats(a))
+    s2 = np.var(alphas, ddof=1)
+    want = np.sqrt((4 * 0.2**2 + 19 * s2) / (4 + 19))
+    assert controller.alpha_spread_estimate == pytest.approx(want)
+    assert 0.05 < want < 0.1
+    assert controller.optimistic_alpha == pytest.approx(0.6 + 1.645 * want / np.sqrt(20))
+    # Widely spread α keeps a wide margin; a call without β (all rows done) adds no α sample.
+    wide = gamma_control.GammaController(curve(draft_ms=1.0), spread_prior_calls=4.0)
+    for a in [0.2, 0.9] * 10:
+        wide.update(_stats(a))
+    wide.update(_stats(0.0, num_beta=0))
+    assert wide.alpha_calls == 20 and wide.alpha_spread_estimate > 0.3
+
+
+def _explore_world(controller, c, loss, calls=100, tokens=30, alpha=0.6):
+    """Each speculative call costs `loss` × the modelled baseline call of its tokens (± 5 %,
+    alternating), the baseline call exactly its model; every call's α is `alpha`. Returns the γ
+    chosen per call."""
+    seen = []
+    for i in range(calls):
+        g, _ = controller.choose()
+        seen.append(g)
+        if g == 0:
+            controller.observe(0, c.baseline_call_ms(tokens) / 1e3, tokens)
+            continue
+        iterations = tokens / theory.expected_tokens_per_iteration(alpha, g)
+        controller.update(_stats(alpha))
+        noise = 1.05 if i % 2 else 0.95
+        ms = noise * loss * c.baseline_call_ms(tokens)
+        controller.observe(g, ms / 1e3, tokens, iterations)
+    return seen
+
+
+def test_a_gamma_whose_own_calls_lose_is_refuted_whatever_the_optimism():
+    """Sum T = 1 in session 7: optimism on α explored γ = 3 and 5 for 44 of 100 summaries while
+    every fixed γ lost. A γ whose own timed calls lose with confidence is not chosen again."""
+    c = curve(draft_ms=1.0, verify_growth=1.0)
+    # A margin that never closes (spread 2.0 trusted over 1e6 calls): only refutation ends it.
+    kw = dict(alpha_spread=2.0, spread_prior_calls=1e6, baseline_every=0)
+    refuting = gamma_control.GammaController(c, **kw)
+    seen = _explore_world(refuting, c, loss=1.15)
+    explored = [g for g in seen if g > 0]
+    assert len(explored) <= 3 * 6 + 2  # each γ: refute_min_calls timed calls, then refuted
+    assert seen[-50:] == [0] * 50 and refuting.choose() == (0, 1.0)
+    assert all(refuting.refuted(g) for g in set(explored))
+    speedup, se = refuting.measured_speedup(explored[0])
+    assert speedup == pytest.approx(1 / 1.15, rel=0.03) and 0 < se < 0.05
+    blind = gamma_control.GammaController(c, refute_min_calls=10**9, **kw)
+    assert sum(g > 0 for g in _explore_world(blind, c, loss=1.15)) > 60
+    # Calls that pay are never refuted: speculation stays on.
+    paying = gamma_control.GammaController(c, **kw)
+    seen = _explore_world(paying, c, loss=0.8)
+    assert seen[-50:].count(0) == 0
+    assert not any(paying.refuted(g) for g in range(1, 7))
+    # Before refute_min_calls timed calls, or before the baseline was timed: no verdict.
+    early = gamma_control.GammaController(c, **kw)
+    early.observe(2, 0.5, 30, 15)
+    early.observe(2, 0.5, 30, 15)
+    assert early.measured_speedup(2) is None and not early.refuted(2)
+
+
+def test_calibrated_curve_scales_each_gamma_by_its_real_calls():
+    """Real loops cost more per draft step than the composed model (γ = 2+ over-predicted by ~10 %
+    in every Table-2 row): the median measured / modelled of each γ's real calls rescales it."""
+    c = curve(draft_ms=1.0, verify_growth=1.0, gamma_max=3)
+    base_ms = c.baseline_call_ms(20)
+    calls = {
+        0: [(base_ms / 1e3, 20, None)] * 3,  # the baseline as modelled
+        1: [(1.0 * c.speculative_call_ms(1, 12) / 1e3, 20, 12)] * 3,
+        2: [(f * c.speculative_call_ms(2, 10) / 1e3, 20, 10) for f in (1.2, 1.25, 9.0)],
+    }
+    cal = gamma_control.cost_curve.calibrated(c, calls)
+    assert cal.call_scale[0] == pytest.approx(1.0) and cal.call_scale[1] == pytest.approx(1.0)
+    assert cal.call_scale[2] == pytest.approx(1.25)  # the median: one outlier call ignored
+    assert 3 not in cal.call_scale and cal.speculative_call_ms(3, 5) == c.speculative_call_ms(3, 5)
+    assert cal.speculative_call_ms(2, 10) == pytest.approx(1.25 * c.speculative_call_ms(2, 10))
+    for tokens in (20, None):  # per call and steady state alike
+        assert cal.predicted_speedup(0.6, 2, tokens) == pytest.approx(
+            c.predicted_speedup(0.6, 2, tokens) / 1.25
+        )
+    # The composed curve preferred γ = 2 at α = 0.6; calibrated, γ = 1 wins.
+    assert c.predicted_speedup(0.6, 2, 20) > c.predicted_speedup(0.6, 1, 20)
+    assert cal.predicted_speedup(0.6, 1, 20) > cal.predicted_speedup(0.6, 2, 20)
+    assert cal.to_dict()["call_scale"]["2"] == pytest.approx(1.25)
+    with pytest.raises(ValueError, match="γ in 0..3"):
+        gamma_control.cost_curve.calibrated(c, {4: calls[1]})
+    with pytest.raises(ValueError, match="iterations >= 1"):
+        gamma_control.cost_curve.calibrated(c, {2: [(0.01, 20, None)]})
+
+
+def test_auto_decoder_calibrates_its_curve_on_real_calls_of_every_gamma(pair, monkeypatch):
+    spec_model, params, batch = pair
+    settings = {"temperature": 1.0, "topk": 0, "topp": 0.0}
+    composed = curve(1.0, gamma_max=2)
+    monkeypatch.setattr(gamma_control.cost_curve, "measure_cost_curve", lambda *a, **k: composed)
+    decoder = gamma_control.AutoGammaDecoder(
+        spec_model, params, settings=settings, gamma_max=2, calibration_rounds=2
+    )
+    seen = []
+    real_decode = decoder.decode
+    monkeypatch.setattr(
+        decoder, "decode", lambda g, b, rng: seen.append(g) or real_decode(g, b, rng)
+    )
+    assert decoder.choose(batch) == (1, None)
+    assert sorted(seen) == [0, 0, 1, 1, 2, 2]  # two interleaved rounds of γ = 0, 1, 2
+    scale = decoder.controller.curve.call_scale
+    assert sorted(scale) == [0, 1, 2] and all(v > 0 for v in scale.values())
+    off = gamma_control.AutoGammaDecoder(
+        spec_model, params, settings=settings, gamma_max=2, calibration_rounds=0
+    )
+    off.choose(batch)
+    assert off.controller.curve is composed
+    with pytest.raises(ValueError, match="calibration_rounds"):
+        gamma_control.AutoGammaDecoder(spec_model, params, settings=settings, calibration_rounds=-1)
