@@ -465,7 +465,9 @@ def test_auto_decoder_calibrates_its_curve_on_real_calls_of_every_gamma(pair, mo
         decoder, "decode", lambda g, b, rng: seen.append(g) or real_decode(g, b, rng)
     )
     assert decoder.choose(batch) == (1, None)
-    assert sorted(seen) == [0, 0, 1, 1, 2, 2]  # two interleaved rounds of γ = 0, 1, 2
+    assert sorted(seen) == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # warm-up + two rounds of γ = 0, 1, 2
+    calls = decoder._calibration_calls(batch)  # the warm-up round is not recorded
+    assert {g: len(v) for g, v in calls.items()} == {0: 2, 1: 2, 2: 2}
     scale = decoder.controller.curve.call_scale
     assert sorted(scale) == [0, 1, 2] and all(v > 0 for v in scale.values())
     off = gamma_control.AutoGammaDecoder(
