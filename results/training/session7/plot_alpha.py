@@ -1,10 +1,12 @@
 """Session 7's curve: teacher-forced α of the summarization draft during on-policy TVD training.
 
   python results/training/session7/plot_alpha.py   # -> results/training/session7/alpha_tvd7.png
+  python results/training/session7/plot_alpha.py RUN_FOLDER OUT_PNG   # another run (session 8)
 """
 
 import json
 import pathlib
+import sys
 
 import matplotlib
 
@@ -12,7 +14,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = pathlib.Path(__file__).parent
-rows = [json.loads(line) for line in (HERE / "sum_tvd7" / "metrics.jsonl").open()]
+run, out = (pathlib.Path(a) for a in sys.argv[1:3]) if len(sys.argv) > 2 else (None, None)
+run, out = run or HERE / "sum_tvd7", out or HERE / "alpha_tvd7.png"
+rows = [json.loads(line) for line in (run / "metrics.jsonl").open()]
 rows = [r for r in rows if "alpha" in r]
 steps = [r["step"] for r in rows]
 fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -24,4 +28,4 @@ ax.set_title("Summarization draft, on-policy TVD from the session-3 draft")
 ax.grid(alpha=0.3)
 ax.legend()
 fig.tight_layout()
-fig.savefig(HERE / "alpha_tvd7.png", dpi=110)
+fig.savefig(out, dpi=110)
