@@ -152,6 +152,7 @@ def calibrated(curve: CostCurve, calls: Mapping[int, Any]) -> CostCurve:
         needs (tokens >= 1; iterations >= 1 for γ >= 1).
     """
     scale = dict(curve.call_scale)
+    base = dataclasses.replace(curve, call_scale={})  # the composed model, unscaled
     for gamma, timed in calls.items():
         if gamma not in range(curve.gamma_max + 1) or not timed:
             raise ValueError(
@@ -165,7 +166,6 @@ def calibrated(curve: CostCurve, calls: Mapping[int, Any]) -> CostCurve:
                     f"a calibration call of γ = {gamma} needs tokens >= 1 and, for γ >= 1, "
                     f"iterations >= 1; got tokens={tokens!r}, iterations={iterations!r}."
                 )
-            base = dataclasses.replace(curve, call_scale={})
             model = (
                 base.baseline_call_ms(tokens)
                 if gamma == 0
