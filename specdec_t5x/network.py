@@ -364,9 +364,8 @@ class MultiHeadAttention(nn.Module):
         if cfg.float32_attention_logits:
             query, key = query.astype(jnp.float32), key.astype(jnp.float32)
         # With packed weights (the CPU kernel's inference path, `cpu_kernel.pack_params`) the
-        # cached attention contracts heads-first queries on CPU: XLA:CPU's batched dot is 2-3x
-        # faster for [b, h, q, d] than for [b, q, h, d] operands (cross-attention over 256 encoder
-        # positions: 56 -> 29 µs at q = 1, 200 -> 65 µs at q = 6). Other platforms, and raw
+        # cached attention contracts heads-first queries on CPU: XLA:CPU's batched dot is faster
+        # for [b, h, q, d] than for [b, q, h, d] operands (results/verify_cost/). Other platforms, and raw
         # (unpacked) parameters, keep T5X's contraction (its summation order, bit for bit).
         packed = cpu_kernel.PACKED_NAME in self.variables.get("params", {}).get("query", {})
         heads_first_dots = packed and kv == "bhkd"
