@@ -59,9 +59,13 @@ VARIANTS = {
     "default": (None, None),  # the earlier name of `xla` (commands in results/verify_cost/)
     "kernel": ("float32", None),
     "kernel_bf16": ("bfloat16", None),
+    "kernel_1t": ("float32", None),  # every product on the calling thread (no split)
+    "kernel_bf16_1t": ("bfloat16", None),
     "ynn_off": (None, {"xla_cpu_experimental_ynn_fusion_type": ""}),
     "before": (None, None),
 }
+# variant -> `cpu_kernel.set_split_bytes` value while its calls run (others: the default).
+SPLIT_OFF = {"kernel_1t": 1 << 62, "kernel_bf16_1t": 1 << 62}
 _SHAPE = ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers", "num_decoder_layers")
 MODELS = {  # T5 v1.1 shapes: the embedded target that ships, T5-small, and a tiny smoke-test one.
     "embedded": dict(zip(_SHAPE, (8192, 256, 4, 4, 4), strict=True), head_dim=64, mlp_dim=1024),
@@ -158,6 +162,22 @@ def make_fn(module, mode: str, loop_steps: int, compiler_options=None):
     return jax.jit(fn, compiler_options=compiler_options)
 
 
+def _with_split(thunk, split_bytes: int | None):
+    """`thunk` run with the kernel's split threshold at `split_bytes` (None: the default)."""
+    default = cpu_kernel.DEFAULT_SPLIT_BYTES
+
+    def call():
+        if split_bytes is None:
+            return thunk()
+        cpu_kernel.set_split_bytes(split_bytes)
+        try:  # dispatch is asynchronous: wait here, while the setting holds
+            return jax.block_until_ready(thunk())
+        finally:
+            cpu_kernel.set_split_bytes(default)
+
+    return call
+
+
 def measure(name: str, ks: Sequence[int], variants, modes, s: Settings) -> dict[str, Any]:
     """{variant: {mode: {k: {'ms', 'ms_q25_q75', 'ratio', 'ratio_q25', 'ratio_q75',
     'vs_xla_1' (with the xla variant)}}}}: ms per step, ratios to k = ks[0], per-round medians."""
@@ -178,6 +198,8 @@ def measure(name: str, ks: Sequence[int], variants, modes, s: Settings) -> dict[
             for k in ks:
                 toks = jnp.full((1, k), 3, jnp.int32)
                 thunk = lambda fn=fn, t=toks, p=params, e=enc, c=cache: fn(p, e, c, t, pos)
+                if variant in SPLIT_OFF or weight_dtype is not None:
+                    thunk = _with_split(thunk, SPLIT_OFF.get(variant))
                 with cpu_kernel.env_setting(weight_dtype is not None):
                     jax.block_until_ready(thunk())  # traces (and compiles) under that setting
                 calls[(variant, mode, k)] = thunk

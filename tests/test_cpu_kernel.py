@@ -52,6 +52,33 @@ def test_matmul_equals_dot(isa, weight_dtype):
             assert _rel_err(out, np.asarray(x, np.float64) @ w_ref) < 1e-5, (k, n, m)
 
 
+@pytest.mark.parametrize("weight_dtype", ["float32", "bfloat16"])
+def test_split_over_threads_is_bit_identical(weight_dtype):
+    """A product split over XLA's intra-op threads (panel blocks from a shared counter) gives the
+    same bits as on one thread: every column is summed by the same code in the same order."""
+    rng = np.random.default_rng(5)
+    fn = jax.jit(cpu_kernel.matmul, static_argnums=2)
+    old = cpu_kernel.set_split_bytes(1 << 62)
+    try:
+        for k, n in ((70, 1000), (33, 97), (256, 2049)):
+            packed = cpu_kernel.pack(
+                jnp.asarray(rng.standard_normal((k, n)), jnp.float32), weight_dtype
+            )
+            for m in (1, 3, 12, 37):
+                x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+                cpu_kernel.set_split_bytes(1 << 62)
+                one = np.asarray(fn(x, packed, n))
+                calls_before, _ = cpu_kernel.split_stats()
+                cpu_kernel.set_split_bytes(0)
+                split = np.asarray(fn(x, packed, n))
+                calls_after, threads = cpu_kernel.split_stats()
+                np.testing.assert_array_equal(split, one)
+                # XLA hands the kernel its intra-op pool; with more than one thread it must split.
+                assert calls_after - calls_before == (1 if threads > 1 else 0), (k, n, m, threads)
+    finally:
+        cpu_kernel.set_split_bytes(old)
+
+
 def test_pack_round_trip_and_leading_axes():
     w = jnp.asarray(np.random.default_rng(1).standard_normal((40, 50)), jnp.float32)
     np.testing.assert_array_equal(cpu_kernel.unpack(cpu_kernel.pack(w), 50), w)

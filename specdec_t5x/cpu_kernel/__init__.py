@@ -42,6 +42,9 @@ PANEL = 32  # output columns per packed panel
 PACKED_NAME = "kernel_packed"  # parameter name of a packed Dense kernel
 WEIGHT_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ENV_VAR = "SPECDEC_CPU_KERNEL"  # "0" turns the kernel off
+DEFAULT_SPLIT_BYTES = (
+    64 << 10
+)  # matmul.cc g_split_bytes: larger packed weights are split over threads
 
 
 @contextlib.contextmanager
@@ -76,6 +79,10 @@ def _library() -> ctypes.CDLL | None:
         if path.is_file():
             lib = ctypes.CDLL(str(path))
             lib.SpecdecMatmulIsa.restype = ctypes.c_char_p
+            lib.SpecdecMatmulSetSplitBytes.restype = ctypes.c_int64
+            lib.SpecdecMatmulSetSplitBytes.argtypes = [ctypes.c_int64]
+            lib.SpecdecMatmulSplitCalls.restype = ctypes.c_int64
+            lib.SpecdecMatmulPoolThreads.restype = ctypes.c_int64
             for target, symbol in ((_TARGET, lib.SpecdecMatmul), (_PACK_TARGET, lib.SpecdecPack)):
                 jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
             return lib
@@ -100,6 +107,25 @@ def force_isa(name: str | None) -> None:
     which = -1 if name is None else _ISAS.get(name)
     if lib is None or which is None or not lib.SpecdecMatmulForceIsa(which):
         raise RuntimeError(f"cannot force the kernel code path {name!r} here (isa: {isa()}).")
+
+
+def set_split_bytes(nbytes: int) -> int:
+    """Sets the packed-weight size (bytes) from which one product is split over XLA's intra-op
+    threads (default 64 KiB; a huge value keeps every product on the calling thread). For tests and
+    A/B timing. Returns the previous value. Raises RuntimeError if the extension is missing."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the CPU kernel extension is not built.")
+    return int(lib.SpecdecMatmulSetSplitBytes(int(nbytes)))
+
+
+def split_stats() -> tuple[int, int]:
+    """(products split over threads so far in this process, threads XLA's intra-op pool reported
+    to the last kernel call). For tests. Raises RuntimeError if the extension is missing."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the CPU kernel extension is not built.")
+    return int(lib.SpecdecMatmulSplitCalls()), int(lib.SpecdecMatmulPoolThreads())
 
 
 @functools.cache

@@ -11,10 +11,17 @@
 // weights are rounded, never the activations; the products and sums are float32.
 //
 // CPU dispatch at run time (no -march=native): AVX-512F, AVX2+FMA, portable C++, chosen once with
-// __builtin_cpu_supports. Single-threaded, no OpenMP. Buffers need no alignment (unaligned loads).
+// __builtin_cpu_supports. Buffers need no alignment (unaligned loads).
+//
+// Threads: no OpenMP. A large matrix (at least `g_split_bytes` of packed weights, tunable through
+// SpecdecMatmulSetSplitBytes) is shared with XLA's own intra-op thread pool: its panels are handed
+// out in blocks from an atomic counter, the calling thread takes blocks too, and it waits only for
+// blocks a helper has already taken (XLA's Schedule may run a task late or inline, so a helper that
+// starts after the work is gone finds nothing to do and touches only the shared counters).
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #if defined(__linux__)
@@ -224,11 +231,12 @@ Kernel<W> kernel_for(Isa which) {
   return {4, kPortable<W>};
 }
 
-// rows x K times packed [P, K, 32] -> y [rows, n].
+// rows x K times packed panels [p0, p1) of [P, K, 32] -> columns [32 p0, min(n, 32 p1)) of y [rows, n].
 template <typename W>
-void matmul(const float* x, int64_t rows, int64_t K, const W* w, int64_t P, float* y, int64_t n) {
+void matmul_panels(const float* x, int64_t rows, int64_t K, const W* w, int64_t p0, int64_t p1,
+                   float* y, int64_t n) {
   const Kernel<W> kern = kernel_for<W>(isa());
-  for (int64_t p = 0; p < P; ++p) {
+  for (int64_t p = p0; p < p1; ++p) {
     const W* panel = w + p * K * kPanel;
     const int64_t col = p * kPanel;
     const int64_t nv = n - col < kPanel ? n - col : kPanel;
@@ -236,6 +244,64 @@ void matmul(const float* x, int64_t rows, int64_t K, const W* w, int64_t P, floa
       const int64_t mb = rows - r < kern.max_rows ? rows - r : kern.max_rows;
       kern.chunks[mb - 1](x + r * K, K, panel, y + r * n + col, n, nv);
     }
+  }
+}
+
+std::atomic<int64_t> g_split_bytes{int64_t{64} << 10};  // packed-weight bytes from which to split
+std::atomic<int> g_max_helpers{7};                       // helper tasks per call, at most
+std::atomic<int64_t> g_split_calls{0};                   // products split so far (tests)
+std::atomic<int64_t> g_pool_threads{0};                  // XLA's intra-op threads, last seen
+
+// Panels handed out in blocks; `done` counts finished panels.
+struct Split {
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  int64_t panels = 0, block = 1;
+};
+
+// Takes blocks of `split` until none is left, running `body(p0, p1)` on each.
+template <typename Body>
+void take_blocks(Split& split, const Body& body) {
+  for (;;) {
+    const int64_t p0 = split.next.fetch_add(split.block, std::memory_order_relaxed);
+    if (p0 >= split.panels) return;
+    const int64_t p1 = p0 + split.block < split.panels ? p0 + split.block : split.panels;
+    body(p0, p1);
+    split.done.fetch_add(p1 - p0, std::memory_order_release);
+  }
+}
+
+// rows x K times packed [P, K, 32] -> y [rows, n], split over `pool` when W is large.
+template <typename W>
+void matmul(const float* x, int64_t rows, int64_t K, const W* w, int64_t P, float* y, int64_t n,
+            ffi::ThreadPool* pool) {
+  const int64_t bytes = P * K * kPanel * static_cast<int64_t>(sizeof(W));
+  const int64_t threads = pool == nullptr ? 1 : pool->num_threads();
+  g_pool_threads.store(threads, std::memory_order_relaxed);
+  int64_t helpers = threads - 1;
+  const int max_helpers = g_max_helpers.load(std::memory_order_relaxed);
+  if (helpers > max_helpers) helpers = max_helpers;
+  if (helpers < 1 || P < 2 || bytes < g_split_bytes.load(std::memory_order_relaxed)) {
+    matmul_panels(x, rows, K, w, 0, P, y, n);
+    return;
+  }
+  g_split_calls.fetch_add(1, std::memory_order_relaxed);
+  auto split = std::make_shared<Split>();
+  split->panels = P;
+  // About four blocks per thread: late helpers still find work, and blocks stay >= 1 panel.
+  split->block = P / (4 * (helpers + 1));
+  if (split->block < 1) split->block = 1;
+  auto body = [=](int64_t p0, int64_t p1) { matmul_panels(x, rows, K, w, p0, p1, y, n); };
+  for (int64_t h = 0; h < helpers; ++h) {
+    // The task owns a reference to the counters; it reads x, w, y only for blocks it takes, and
+    // every block is taken before this call returns.
+    pool->Schedule([split, body]() { take_blocks(*split, body); });
+  }
+  take_blocks(*split, body);
+  while (split->done.load(std::memory_order_acquire) < P) {
+#ifdef SPECDEC_X86
+    _mm_pause();
+#endif
   }
 }
 
@@ -247,8 +313,8 @@ std::string dims_str(ffi::AnyBuffer::Dimensions d) {
 
 // x: [lead..., rows, K] float32; w: [lead..., P, K, 32]; y: [lead..., rows, n]. Leading (vmap)
 // axes of x and w are either 1 or the output's size (vmap_method="expand_dims").
-ffi::Error MatmulImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y,
-                      int32_t n) {
+ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                      ffi::Result<ffi::AnyBuffer> y, int32_t n) {
   const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
   if (x.element_type() != ffi::DataType::F32 || y->element_type() != ffi::DataType::F32)
     return ffi::Error::InvalidArgument("specdec_matmul: x and y must be float32.");
@@ -279,9 +345,9 @@ ffi::Error MatmulImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBu
   const int64_t x_size = rows * K, w_size = P * K * kPanel, y_size = rows * n;
   auto run = [&](const float* xb, int64_t nrows, const void* wb, float* yb) {
     if (bf16)
-      matmul(xb, nrows, K, static_cast<const uint16_t*>(wb), P, yb, n);
+      matmul(xb, nrows, K, static_cast<const uint16_t*>(wb), P, yb, n, &pool);
     else
-      matmul(xb, nrows, K, static_cast<const float*>(wb), P, yb, n);
+      matmul(xb, nrows, K, static_cast<const float*>(wb), P, yb, n, &pool);
   };
   const size_t wbytes = bf16 ? 2 : 4;
   bool x_full = true;
@@ -407,6 +473,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecPack, PackImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecMatmul, MatmulImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
@@ -432,3 +499,14 @@ extern "C" int SpecdecMatmulForceIsa(int which) {
   g_forced.store(which, std::memory_order_relaxed);
   return 1;
 }
+
+// Packed-weight bytes from which a product is split over XLA's intra-op threads (tests and A/B
+// timing; a huge value keeps every product on the calling thread). Returns the previous value.
+extern "C" int64_t SpecdecMatmulSetSplitBytes(int64_t bytes) {
+  return g_split_bytes.exchange(bytes < 0 ? 0 : bytes, std::memory_order_relaxed);
+}
+
+// How many products have been split over threads so far, and how many threads XLA's intra-op
+// pool reported to the last call (tests: the split path must really run).
+extern "C" int64_t SpecdecMatmulSplitCalls() { return g_split_calls.load(); }
+extern "C" int64_t SpecdecMatmulPoolThreads() { return g_pool_threads.load(); }
