@@ -90,6 +90,14 @@ class GammaController:
     greedy ones by 0.22, and a margin sized for 0.2 kept a losing pair exploring for half of 100
     summaries (0.95×). A `prior_alpha` with no measured call is taken as known (no margin).
 
+    Switch-on margin: speculation is chosen only for a predicted speed-up above `min_speedup`
+    (and explored only when the optimistic prediction clears it). The prediction is a model with
+    its own error: over the 12 session-8 demo / Table 2 / Table 3 rows that speculated, measured /
+    predicted ran from 0.92 to 1.05, and the three rows predicted below 1.03 ran at 0.94–1.00
+    (summarization at T = 1: γ = 3 predicted 1.02, ran 0.91× for 86 calls). Near break-even, "off"
+    costs at most the margin when the prediction was right and saves the model's error when it
+    was wrong; every row predicted above 1.07 paid.
+
     Refuted γ: the calls of a γ are themselves a measurement of its speed-up, whatever α is:
     ρ_b · Σ baseline_call(L_i) / Σ wall_i over its timed calls, with a relative standard error from
     the spread of the per-call ratios (and ρ_b's own). A γ timed at least `refute_min_calls` times
@@ -109,6 +117,7 @@ class GammaController:
       alpha_spread: assumed spread (standard deviation) of one call's α around the run's α.
       optimism_z: the margin's multiple of s_α / √n (1.645: one-sided 95 %).
       spread_prior_calls: weight, in calls, of `alpha_spread` in s_α.
+      min_speedup: predicted speed-up a γ must exceed to be chosen (switch-on margin, > 0).
       refute_min_calls: timed calls of a γ before its own speed-up can refute it.
       refute_z: the upper bound's multiple of that speed-up's relative standard error.
       beta_calls: speculative calls whose β entered α (n).
@@ -139,6 +148,7 @@ class GammaController:
     alpha_spread: float = 0.2
     optimism_z: float = 1.645
     spread_prior_calls: float = 4.0
+    min_speedup: float = 1.04
     refute_min_calls: int = 3
     refute_z: float = 1.645
     beta_calls: int = 0
@@ -212,9 +222,9 @@ class GammaController:
         return out
 
     def choose(self) -> tuple[int, float | None]:
-        """(γ, its predicted speedup): the best γ, 0 when none predicts > 1 even at the optimistic
-        α (then the γ best at that α, to explore); (1, None) to probe. A `refuted` γ is never
-        chosen.
+        """(γ, its predicted speedup): the best γ if its prediction exceeds `min_speedup`; else the
+        γ best at the optimistic α if that one's optimistic prediction does (to explore); else 0
+        ("off"). (1, None) to probe. A `refuted` γ is never chosen.
 
         After γ > 0 was timed `min_timed_calls` times, the baseline is chosen until it is timed
         as often; afterwards, while speculating, every `baseline_every`-th call re-times the
@@ -230,12 +240,13 @@ class GammaController:
         predicted = self.predictions(alpha)
         # Ties: the smaller γ.
         best = max(candidates, key=lambda g: (predicted[g], -g), default=0)
-        if best and predicted[best] > 1.0:
+        if best and predicted[best] > self.min_speedup:
             choice = best, predicted[best]
         elif candidates:
             optimistic = self.predictions(self.optimistic_alpha)
             explore = max(candidates, key=lambda g: (optimistic[g], -g))
-            choice = (explore, predicted[explore]) if optimistic[explore] > 1.0 else (0, 1.0)
+            on = optimistic[explore] > self.min_speedup
+            choice = (explore, predicted[explore]) if on else (0, 1.0)
         else:
             choice = 0, 1.0
         if choice[0] > 0 and self._timed(False) and self._retime(choice[1]):
@@ -402,6 +413,7 @@ class AutoGammaDecoder:
         batch (interleaved, after compiling each γ), whose measured / modelled times calibrate
         the curve per γ (`cost_curve.calibrated`); 0: the composed curve alone.
       curve: a `CostCurve` to use instead of measuring one on the first batch (not calibrated).
+      min_speedup: predicted speed-up a γ must exceed to be chosen (`GammaController`).
 
     Use `decoder(batch, rng)`, or, to keep compilation out of a timed region, `choose()`,
     `compile(gamma, batch)`, then the timed `decode(gamma, batch, rng)` and `update(aux)`.
@@ -421,24 +433,30 @@ class AutoGammaDecoder:
         cost_repeats: int = 20,
         calibration_rounds: int = 4,
         curve: cost_curve.CostCurve | None = None,
+        min_speedup: float = GammaController.min_speedup,
     ):
         if not isinstance(gamma_max, int) or gamma_max < 1:
             raise ValueError(f"gamma_max must be an int >= 1; got gamma_max={gamma_max!r}.")
         if not isinstance(calibration_rounds, int) or calibration_rounds < 0:
             raise ValueError(f"calibration_rounds must be an int >= 0; got {calibration_rounds!r}.")
-        self.calibration_rounds = calibration_rounds
+        if not np.isfinite(min_speedup) or min_speedup <= 0:
+            raise ValueError(f"min_speedup must be a finite number > 0; got {min_speedup!r}.")
+        self.calibration_rounds, self.min_speedup = calibration_rounds, float(min_speedup)
         self.spec_model, self.target_params = spec_model, target_params
         self.draft_params = spec_model.draft.params if draft_params is None else draft_params
         self.settings = dict(settings)
         self.gamma_max, self.verification = gamma_max, verification
         self.threshold, self.prior_alpha = draft_confidence_threshold, prior_alpha
         self.cost_repeats = cost_repeats
-        self.controller = None if curve is None else GammaController(curve, prior_alpha)
+        self.controller = None if curve is None else self._controller(curve)
         self._fns: dict[int, Any] = {}
         self._compiled: set[tuple] = set()
         self._baseline = models.EncoderDecoderModel(
             spec_model.module, cpu_weight_dtype=getattr(spec_model, "cpu_weight_dtype", "float32")
         )
+
+    def _controller(self, curve: cost_curve.CostCurve) -> GammaController:
+        return GammaController(curve, self.prior_alpha, min_speedup=self.min_speedup)
 
     def _fn(self, gamma: int):
         if gamma not in self._fns:
@@ -483,7 +501,7 @@ class AutoGammaDecoder:
             )
             if self.calibration_rounds:
                 curve = cost_curve.calibrated(curve, self._calibration_calls(batch))
-            self.controller = GammaController(curve, self.prior_alpha)
+            self.controller = self._controller(curve)
         return self.controller.choose()
 
     def _calibration_calls(self, batch: Mapping[str, Array]) -> dict[int, list]:

@@ -477,3 +477,38 @@ def test_auto_decoder_calibrates_its_curve_on_real_calls_of_every_gamma(pair, mo
     assert off.controller.curve is composed
     with pytest.raises(ValueError, match="calibration_rounds"):
         gamma_control.AutoGammaDecoder(spec_model, params, settings=settings, calibration_rounds=-1)
+
+
+def test_a_break_even_prediction_does_not_switch_speculation_on():
+    """Predicted 1.00-1.04 (inside the model's error) is "off"; above the margin it speculates;
+    the optimistic α must clear the same margin to explore."""
+    c = curve(draft_ms=2.0, verify_growth=1.0)
+    alphas = np.linspace(0.3, 0.9, 601)
+    best = [
+        max(gamma_control.GammaController(c, prior_alpha=a).predictions(a).values()) for a in alphas
+    ]
+    near = float(alphas[np.argmax((np.asarray(best) > 1.01) & (np.asarray(best) < 1.03))])
+    paying = float(alphas[np.argmax(np.asarray(best) > 1.08)])
+    controller = gamma_control.GammaController(c, prior_alpha=near)
+    assert 1.01 < max(controller.predictions(near).values()) < 1.03
+    assert controller.choose() == (0, 1.0)
+    assert gamma_control.GammaController(c, prior_alpha=near, min_speedup=1.0).choose()[0] > 0
+    gamma, predicted = gamma_control.GammaController(c, prior_alpha=paying).choose()
+    assert gamma > 0 and predicted > 1.08
+    # Exploring: α̂ just below break-even from one call; the optimistic α clears the margin.
+    controller = gamma_control.GammaController(c)
+    one_call = speculative.SpeculativeStats(
+        *(jnp.zeros((1,), jnp.int32) for _ in range(3)),
+        accept_histogram=jnp.zeros((1, 2), jnp.int32),
+        beta_sum=jnp.array([10 * near]),
+        num_beta=jnp.array([10]),
+        num_generated=jnp.zeros((1,), jnp.int32),
+        num_proposed=jnp.zeros((1,), jnp.int32),
+    )
+    controller.update(one_call)
+    assert max(controller.predictions(controller.optimistic_alpha).values()) > 1.04
+    assert controller.choose()[0] > 0
+    controller.min_speedup = 10.0  # no optimism clears this margin
+    assert controller.choose() == (0, 1.0)
+    with pytest.raises(ValueError, match="min_speedup"):
+        gamma_control.AutoGammaDecoder(None, None, None, settings={}, min_speedup=0.0)
