@@ -5,7 +5,11 @@ speculative verify step) by every projection matrix. XLA:CPU lowers M >= 2 rows 
 re-packs each weight matrix on every call, so on DRAM-bound models the verify step costs ~2x a
 one-token step instead of the ~1x a roofline (and the paper's Section 3.4 cost model) assumes; see
 `results/verify_cost/`. This kernel reads weights packed *once* into contiguous column panels
-`[ceil(N / 32), K, 32]` and streams each panel exactly once per call whatever M is.
+`[ceil(N / 32), K, 32]` and streams each panel exactly once per call whatever M is. A matrix of at
+least 64 KiB (packed) is split by panel blocks over XLA's own intra-op thread pool (the calling
+thread works too; `set_split_bytes` tunes it), and the weights are prefetched 4 KiB ahead of the
+FMAs (without it the hardware prefetcher falls behind once several rows keep the core busy).
+Splitting never changes a result: each output column is summed by the same code in the same order.
 
 * `pack` / `unpack`: one matrix `[K, N]` <-> panels. `pack_params` packs a T5 parameter tree's
   decoder projections once per parameter set (`kernel` -> `kernel_packed`, see there).
