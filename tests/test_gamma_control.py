@@ -512,3 +512,20 @@ def test_a_break_even_prediction_does_not_switch_speculation_on():
     assert controller.choose() == (0, 1.0)
     with pytest.raises(ValueError, match="min_speedup"):
         gamma_control.AutoGammaDecoder(None, None, None, settings={}, min_speedup=0.0)
+
+
+def test_calibration_smooths_the_per_gamma_scatter_by_a_line_in_gamma():
+    """Three or more γ: the per-γ medians are replaced by their least-squares line in γ, so one
+    γ's unlucky calls move its scale by part of their deviation and the trend stays."""
+    c = curve(draft_ms=1.0, verify_growth=1.0, gamma_max=4)
+    medians = {1: 1.10, 2: 1.05, 3: 1.00, 4: 0.80}  # γ = 4's calls ran 0.15 below the trend
+    calls = {0: [(c.baseline_call_ms(20) / 1e3, 20, None)] * 3}
+    for g, f in medians.items():
+        calls[g] = [(f * c.speculative_call_ms(g, 10) / 1e3, 20, 10)] * 3
+    cal = gamma_control.cost_curve.calibrated(c, calls)
+    slope, intercept = np.polyfit([1, 2, 3, 4], list(medians.values()), 1)
+    for g in medians:
+        assert cal.call_scale[g] == pytest.approx(intercept + slope * g)
+    assert medians[4] < cal.call_scale[4] < 1.0  # pulled toward the trend (~0.95), not to 1
+    assert cal.call_scale[1] > cal.call_scale[4]  # the trend itself is kept
+    assert cal.call_scale[0] == pytest.approx(1.0)  # the baseline keeps its own median
