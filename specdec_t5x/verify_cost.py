@@ -162,18 +162,15 @@ def make_fn(module, mode: str, loop_steps: int, compiler_options=None):
     return jax.jit(fn, compiler_options=compiler_options)
 
 
-def _with_split(thunk, split_bytes: int | None):
-    """`thunk` run with the kernel's split threshold at `split_bytes` (None: the default)."""
-    default = cpu_kernel.DEFAULT_SPLIT_BYTES
+def _with_split(thunk, split_bytes: int):
+    """`thunk` run with the kernel's split threshold at `split_bytes`, restored afterwards."""
 
     def call():
-        if split_bytes is None:
-            return thunk()
-        cpu_kernel.set_split_bytes(split_bytes)
+        old = cpu_kernel.set_split_bytes(split_bytes)
         try:  # dispatch is asynchronous: wait here, while the setting holds
             return jax.block_until_ready(thunk())
         finally:
-            cpu_kernel.set_split_bytes(default)
+            cpu_kernel.set_split_bytes(old)
 
     return call
 
@@ -198,8 +195,8 @@ def measure(name: str, ks: Sequence[int], variants, modes, s: Settings) -> dict[
             for k in ks:
                 toks = jnp.full((1, k), 3, jnp.int32)
                 thunk = lambda fn=fn, t=toks, p=params, e=enc, c=cache: fn(p, e, c, t, pos)
-                if variant in SPLIT_OFF or weight_dtype is not None:
-                    thunk = _with_split(thunk, SPLIT_OFF.get(variant))
+                if variant in SPLIT_OFF:
+                    thunk = _with_split(thunk, SPLIT_OFF[variant])
                 with cpu_kernel.env_setting(weight_dtype is not None):
                     jax.block_until_ready(thunk())  # traces (and compiles) under that setting
                 calls[(variant, mode, k)] = thunk

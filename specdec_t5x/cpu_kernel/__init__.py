@@ -46,9 +46,6 @@ PANEL = 32  # output columns per packed panel
 PACKED_NAME = "kernel_packed"  # parameter name of a packed Dense kernel
 WEIGHT_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ENV_VAR = "SPECDEC_CPU_KERNEL"  # "0" turns the kernel off
-DEFAULT_SPLIT_BYTES = (
-    64 << 10
-)  # matmul.cc g_split_bytes: larger packed weights are split over threads
 
 
 @contextlib.contextmanager
