@@ -90,6 +90,14 @@ class GammaController:
     greedy ones by 0.22, and a margin sized for 0.2 kept a losing pair exploring for half of 100
     summaries (0.95×). A `prior_alpha` with no measured call is taken as known (no margin).
 
+    Exploration budget: at most `max_explore_calls` speculative calls are spent exploring (γ
+    chosen at the optimistic α only). Near break-even the margin closes slowly: it takes n ≈ (z ·
+    s_α / Δα)² calls to fall below a gap Δα between α̂ and the break-even α (~80 calls for greedy
+    summaries, s_α = 0.22, Δα = 0.04), and every one of them runs a γ that loses at α̂ (session 9,
+    Table 3, summarization with the T5 draft at T = 0: γ = 2 explored on 25 of 100 calls, 0.96×
+    the baseline). 12 calls pin α̂ to about ±0.1 at s_α = 0.22, which is what exploring is for:
+    unlucky first calls (above) are outvoted within a few calls, and α̂ itself then decides.
+
     Switch-on margin: speculation is chosen only for a predicted speed-up above `min_speedup`
     (and explored only when the optimistic prediction clears it). The prediction is a model with
     its own error: over the 12 session-8 demo / Table 2 / Table 3 rows that speculated, measured /
@@ -120,6 +128,9 @@ class GammaController:
       min_speedup: predicted speed-up a γ must exceed to be chosen (switch-on margin, > 0).
       refute_min_calls: timed calls of a γ before its own speed-up can refute it.
       refute_z: the upper bound's multiple of that speed-up's relative standard error.
+      max_explore_calls: speculative calls that may be spent exploring (0: never explore).
+      explore_calls: speculative calls observed so far that were chosen by exploring.
+      exploring: whether the last `choose` explored (its call, once observed, is counted).
       beta_calls: speculative calls whose β entered α (n).
       call_alpha_sum, call_alpha_sq_sum, alpha_calls: Σ and Σ² of the per-call α (s_α) and the
         number of calls with a β.
@@ -151,6 +162,9 @@ class GammaController:
     min_speedup: float = 1.04
     refute_min_calls: int = 3
     refute_z: float = 1.645
+    max_explore_calls: int = 12
+    explore_calls: int = 0
+    exploring: bool = False
     beta_calls: int = 0
     call_alpha_sum: float = 0.0
     call_alpha_sq_sum: float = 0.0
@@ -223,14 +237,16 @@ class GammaController:
 
     def choose(self) -> tuple[int, float | None]:
         """(γ, its predicted speedup): the best γ if its prediction exceeds `min_speedup`; else the
-        γ best at the optimistic α if that one's optimistic prediction does (to explore); else 0
-        ("off"). (1, None) to probe. A `refuted` γ is never chosen.
+        γ best at the optimistic α if that one's optimistic prediction does and the exploration
+        budget (`max_explore_calls`) is not spent; else 0 ("off"). (1, None) to probe. A
+        `refuted` γ is never chosen.
 
         After γ > 0 was timed `min_timed_calls` times, the baseline is chosen until it is timed
         as often; afterwards, while speculating, every `baseline_every`-th call re-times the
         baseline. Both are measurements, not decisions: (0, None) (a decision for "off" is (0,
         1.0)).
         """
+        self.exploring = False
         alpha = self.alpha
         if alpha is None:
             return 1, None
@@ -240,17 +256,19 @@ class GammaController:
         predicted = self.predictions(alpha)
         # Ties: the smaller γ.
         best = max(candidates, key=lambda g: (predicted[g], -g), default=0)
+        explore = False
         if best and predicted[best] > self.min_speedup:
             choice = best, predicted[best]
-        elif candidates:
+        elif candidates and self.explore_calls < self.max_explore_calls:
             optimistic = self.predictions(self.optimistic_alpha)
-            explore = max(candidates, key=lambda g: (optimistic[g], -g))
-            on = optimistic[explore] > self.min_speedup
-            choice = (explore, predicted[explore]) if on else (0, 1.0)
+            gamma = max(candidates, key=lambda g: (optimistic[g], -g))
+            explore = optimistic[gamma] > self.min_speedup
+            choice = (gamma, predicted[gamma]) if explore else (0, 1.0)
         else:
             choice = 0, 1.0
         if choice[0] > 0 and self._timed(False) and self._retime(choice[1]):
             return 0, None  # re-time the baseline (ρ_b from calls spread over the run)
+        self.exploring = explore
         return choice
 
     def measured_speedup(self, gamma: int) -> tuple[float, float] | None:
@@ -380,6 +398,9 @@ class GammaController:
             terms[1] += base_ms
             terms[2] += r
             terms[3] += r * r
+        if gamma > 0 and self.exploring:
+            self.explore_calls += 1  # the call `choose` explored with
+        self.exploring = False
         self.timed_calls[gamma] = self.timed_calls.get(gamma, 0) + 1
         self.longest_tokens += int(longest_tokens)
         self.calls += 1

@@ -398,8 +398,9 @@ def test_a_gamma_whose_own_calls_lose_is_refuted_whatever_the_optimism():
     """Sum T = 1 in session 7: optimism on α explored γ = 3 and 5 for 44 of 100 summaries while
     every fixed γ lost. A γ whose own timed calls lose with confidence is not chosen again."""
     c = curve(draft_ms=1.0, verify_growth=1.0)
-    # A margin that never closes (spread 2.0 trusted over 1e6 calls): only refutation ends it.
-    kw = dict(alpha_spread=2.0, spread_prior_calls=1e6, baseline_every=0)
+    # A margin that never closes (spread 2.0 trusted over 1e6 calls) and no exploration budget:
+    # only refutation ends it.
+    kw = dict(alpha_spread=2.0, spread_prior_calls=1e6, baseline_every=0, max_explore_calls=10**9)
     refuting = gamma_control.GammaController(c, **kw)
     seen = _explore_world(refuting, c, loss=1.15)
     explored = [g for g in seen if g > 0]
@@ -420,6 +421,30 @@ def test_a_gamma_whose_own_calls_lose_is_refuted_whatever_the_optimism():
     early.observe(2, 0.5, 30, 15)
     early.observe(2, 0.5, 30, 15)
     assert early.measured_speedup(2) is None and not early.refuted(2)
+
+
+def test_exploration_is_bounded_by_a_budget_of_calls():
+    """Session 9, summarization T = 0: α̂ a little below break-even with a wide per-call spread
+    kept γ = 2 exploring for 25 of 100 calls (0.96×). Exploring spends at most
+    `max_explore_calls` calls; calls chosen at α̂ itself are not limited."""
+    c = curve(draft_ms=1.0, verify_growth=1.0)
+    # A margin that never closes and no refutation: only the budget ends the exploring.
+    kw = dict(alpha_spread=2.0, spread_prior_calls=1e6, baseline_every=0, refute_min_calls=10**9)
+    bounded = gamma_control.GammaController(c, max_explore_calls=12, **kw)
+    seen = _explore_world(bounded, c, loss=1.05)
+    # The probe, 12 explored calls, and a few γ whose point prediction was still above the margin
+    # before their own calls corrected it.
+    assert bounded.explore_calls == 12 and sum(g > 0 for g in seen) < 25
+    assert seen[-50:] == [0] * 50
+    assert bounded.choose() == (0, 1.0) and not bounded.exploring
+    unbounded = gamma_control.GammaController(c, max_explore_calls=10**9, **kw)
+    assert sum(g > 0 for g in _explore_world(unbounded, c, loss=1.05)) > 60
+    never = gamma_control.GammaController(c, max_explore_calls=0, **kw)
+    assert sum(g > 0 for g in _explore_world(never, c, loss=1.05)) < 12 and never.explore_calls == 0
+    # Calls that pay are chosen at α̂ (not exploring) and go on past the budget.
+    paying = gamma_control.GammaController(c, max_explore_calls=3, **kw)
+    seen = _explore_world(paying, c, loss=0.8)
+    assert sum(g > 0 for g in seen) > 90 and paying.explore_calls <= 3
 
 
 def test_calibrated_curve_scales_each_gamma_by_its_real_calls():
