@@ -24,8 +24,9 @@ timed in one process: `xla` = XLA's jnp.dot (SPECDEC_CPU_KERNEL=0; `default` is 
 specdec_t5x/network.py at --before_ref (default HEAD) with jnp.dot: against `xla` it shows a change
 to network.py, or the measurement noise when there is none.
 
---breakdown, --roofline and --dots add the probes of `xla_profile` (per-op thunk time of the
-`loop` function at k = 1 and the largest k; the machine's GEMM / GEMV roofline; isolated
+--breakdown, --breakdown_kernel, --roofline and --dots add the probes of `xla_profile` (per-op
+thunk time of the `loop` function at k = 1 and the largest k, with XLA's dots / on the CPU kernel
+path; the machine's GEMM / GEMV roofline; isolated
 x [M, in] @ W [in, out] dots on the models' MLP and logits shapes). Findings:
 results/verify_cost/README.md.
 
@@ -219,9 +220,22 @@ def measure(name: str, ks: Sequence[int], variants, modes, s: Settings) -> dict[
     return out
 
 
-def breakdown(name: str, ks: Sequence[int], s: Settings) -> dict[str, dict[str, float]]:
-    """{k: {category: µs per step}} of the `loop` function (XLA's dots) at k = ks[0], ks[-1]."""
+def breakdown(
+    name: str, ks: Sequence[int], s: Settings, kernel: bool = False
+) -> dict[str, dict[str, float]]:
+    """{k: {category: µs per step}} of the `loop` function at k = ks[0], ks[-1]: XLA's own dots,
+    or with `kernel` the default CPU path (float32 packed weights; the projections are then one
+    "CPU kernel matmuls" category of custom calls, whose thunk time includes waiting for the
+    helper threads they split over).
+
+    Raises:
+      RuntimeError: `kernel` while the CPU kernel is unavailable (`cpu_kernel.disabled_reason`).
+    """
     module, params, enc, cache = build(name, s)
+    if kernel:
+        params = models.pack_params(module, params, "float32")
+        if not cpu_kernel.is_packed(params):
+            raise RuntimeError(f"kernel breakdown: {cpu_kernel.disabled_reason()}")
     pos = jnp.full((1,), s.position, jnp.int32)
     cfg = MODELS[name]
     dims = {"vocab": cfg["vocab_size"], "heads": cfg["num_heads"], "head_dim": cfg["head_dim"]}
@@ -229,7 +243,7 @@ def breakdown(name: str, ks: Sequence[int], s: Settings) -> dict[str, dict[str, 
     for k in (ks[0], ks[-1]):
         fn = make_fn(module, "loop", s.loop_steps)
         args = (params, enc, cache, jnp.full((1, k), 3, jnp.int32), pos)
-        with cpu_kernel.env_setting(False):  # XLA's own dots (the categories are XLA thunks)
+        with cpu_kernel.env_setting(kernel):  # off: XLA's own dots (categories are XLA thunks)
             out[str(k)] = xla_profile.thunk_time_by_category(fn, args, dims, s.loop_steps)
     return out
 
@@ -245,6 +259,7 @@ def run(
     out: str | os.PathLike,
     tag: str = "",
     with_breakdown: bool = False,
+    with_breakdown_kernel: bool = False,
     with_roofline: bool = False,
     with_dots: bool = False,
     dots_hot: bool = False,
@@ -284,6 +299,11 @@ def run(
         for name in names:
             print(f"profiling {name} ...", flush=True)
             result["breakdown"][name] = breakdown(name, ks, s)
+    if with_breakdown_kernel:
+        result["breakdown_kernel"] = {}
+        for name in names:
+            print(f"profiling {name} (CPU kernel) ...", flush=True)
+            result["breakdown_kernel"][name] = breakdown(name, ks, s, kernel=True)
     if with_roofline:
         result["roofline"] = xla_profile.roofline({n: MODELS[n] for n in names}, ks)
     if with_dots:
@@ -350,11 +370,17 @@ def markdown(result: dict[str, Any]) -> str:
                     for k, ms in roof["roofline_ms"].items()
                 ),
             ]
-        if name in result.get("breakdown", {}):
-            bd = result["breakdown"][name]
+        for key, path in (("breakdown", "XLA's dots"), ("breakdown_kernel", "the CPU kernel")):
+            if name not in result.get(key, {}):
+                continue
+            bd = result[key][name]
             k1, kn = list(bd)
             cats = sorted(set(bd[k1]) | set(bd[kn]), key=lambda c: -bd[kn].get(c, 0.0))
-            lines += ["", f"Per-op thunk time, `loop` mode, µs per step (k={k1} vs k={kn}):", ""]
+            lines += [
+                "",
+                f"Per-op thunk time, `loop` mode, {path}, µs per step (k={k1} vs k={kn}):",
+                "",
+            ]
             lines += [f"| category | k={k1} | k={kn} | extra |", "|---|---|---|---|"]
             for c in cats + ["total"]:
                 a = sum(bd[k1].values()) if c == "total" else bd[k1].get(c, 0.0)
@@ -422,6 +448,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--pin_cpu", type=int, default=None, help="run on this one CPU only")
     p.add_argument("--breakdown", action="store_true")
+    p.add_argument(
+        "--breakdown_kernel",
+        action="store_true",
+        help="per-op thunk time of the CPU kernel path (as --breakdown for XLA's dots)",
+    )
     p.add_argument("--roofline", action="store_true")
     p.add_argument("--dots", action="store_true", help="isolated x @ W timings for M = 1, 2, 4, 8")
     p.add_argument("--dots_hot", action="store_true", help="--dots also with cache-hot weights")
@@ -442,7 +473,7 @@ def main(
     """The command line of scripts/profile_verify.py; returns the JSON path written."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    configure_process(args.pin_cpu, args.breakdown)
+    configure_process(args.pin_cpu, args.breakdown or args.breakdown_kernel)
     settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
     path = run(
         args.models,
@@ -454,6 +485,7 @@ def main(
         out=args.out,
         tag=args.tag,
         with_breakdown=args.breakdown,
+        with_breakdown_kernel=args.breakdown_kernel,
         with_roofline=args.roofline,
         with_dots=args.dots,
         dots_hot=args.dots_hot,

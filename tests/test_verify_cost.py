@@ -53,6 +53,15 @@ def test_breakdown_categories_cover_the_decoder_step():
     cats = {xla_profile._category(*label, dims) for label in labels.values()}
     assert {"logits matmul", "layer weight matmuls", "attention dots"} <= cats
     assert {"RMSNorm", "softmax + mask"} <= cats
+    if cpu_kernel.available():  # the kernel path: the projections are its custom calls
+        packed = verify_cost.models.pack_params(module, params, "float32")
+        with cpu_kernel.env_setting(True):
+            labels = xla_profile._instruction_labels(
+                fn.lower(packed, *args[1:]).compile().as_text()
+            )
+        cats = {xla_profile._category(*label, dims) for label in labels.values()}
+        assert "CPU kernel matmuls" in cats and "attention dots" in cats
+        assert "layer weight matmuls" not in cats and "logits matmul" not in cats
 
 
 def test_readme_commands_parse_with_known_names():
