@@ -57,7 +57,7 @@ class OptionalBuildExt(build_ext):
 
 CPU_KERNEL = setuptools.Extension(
     "specdec_t5x.cpu_kernel._matmul",
-    sources=["specdec_t5x/cpu_kernel/matmul.cc"],
+    sources=["specdec_t5x/cpu_kernel/matmul.cc", "specdec_t5x/cpu_kernel/attention.cc"],
     language="c++",
     # Portable baseline: the AVX-512 / AVX2 paths are per-function target attributes chosen at run
     # time (__builtin_cpu_supports), never -march=native.

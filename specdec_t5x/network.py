@@ -364,11 +364,34 @@ class MultiHeadAttention(nn.Module):
         if cfg.float32_attention_logits:
             query, key = query.astype(jnp.float32), key.astype(jnp.float32)
         # With packed weights (the CPU kernel's inference path, `cpu_kernel.pack_params`) the
-        # cached attention contracts heads-first queries on CPU: XLA:CPU's batched dot is faster
-        # for [b, h, q, d] than for [b, q, h, d] operands (results/verify_cost/). Other platforms, and raw
-        # (unpacked) parameters, keep T5X's contraction (its summation order, bit for bit).
+        # cached attention is one fused kernel call on CPU (float32, no dropout), or with
+        # SPECDEC_CPU_ATTENTION=0 contracts heads-first queries: XLA:CPU's batched dot is faster
+        # for [b, h, q, d] than for [b, q, h, d] operands (results/verify_cost/). Other platforms,
+        # and raw (unpacked) parameters, keep T5X's contraction (its summation order, bit for bit).
         packed = cpu_kernel.PACKED_NAME in self.variables.get("params", {}).get("query", {})
         heads_first_dots = packed and kv == "bhkd"
+        if mask is not None:
+            mask_bias = jax.lax.select(
+                mask,
+                jnp.zeros(mask.shape, cfg.dtype),
+                jnp.full(mask.shape, NEG_INF, cfg.dtype),
+            )
+            bias = mask_bias if bias is None else mask_bias + bias.astype(cfg.dtype)
+        fused = (
+            heads_first_dots
+            and cpu_kernel.attention_enabled()
+            and not enable_dropout
+            and all(a.dtype == jnp.float32 for a in (query, key, value))
+            and (bias is None or bias.dtype == jnp.float32)
+        )
+        if fused:
+            # Packed float32 inference: logits, bias, softmax and P.V in one CPU kernel call
+            # (`cpu_kernel.attention`; XLA's batched dots re-pack the cache on every k-token step,
+            # results/verify_cost/). Other platforms run the same contractions as below.
+            if bias is None:
+                bias = jnp.zeros((1, 1, q_len, key.shape[2]), jnp.float32)
+            out = cpu_kernel.attention(query, key, value, bias)  # [b, q, h, d]
+            return Dense(cfg.emb_dim, cfg.dtype, name="out")(out.reshape(batch, q_len, features))
         if heads_first_dots:
             logits = jax.lax.platform_dependent(
                 query,
@@ -378,13 +401,6 @@ class MultiHeadAttention(nn.Module):
             )
         else:
             logits = jnp.einsum(f"bqhd,{kv}->bhqk", query, key)  # [b, h, q, k]
-        if mask is not None:
-            mask_bias = jax.lax.select(
-                mask,
-                jnp.zeros(mask.shape, cfg.dtype),
-                jnp.full(mask.shape, NEG_INF, cfg.dtype),
-            )
-            bias = mask_bias if bias is None else mask_bias + bias.astype(cfg.dtype)
         if bias is not None:
             logits = logits + bias.astype(logits.dtype)
         weights = jax.nn.softmax(logits).astype(cfg.dtype)  # [b, h, q, k]

@@ -61,12 +61,17 @@ VARIANTS = {
     "kernel": ("float32", None),
     "kernel_bf16": ("bfloat16", None),
     "kernel_1t": ("float32", None),  # every product on the calling thread (no split)
+    "kernel_xla_attn": (
+        "float32",
+        None,
+    ),  # packed matmuls, XLA's attention (SPECDEC_CPU_ATTENTION=0)
     "kernel_bf16_1t": ("bfloat16", None),
     "ynn_off": (None, {"xla_cpu_experimental_ynn_fusion_type": ""}),
     "before": (None, None),
 }
 # variant -> `cpu_kernel.set_split_bytes` value while its calls run (others: the default).
 SPLIT_OFF = {"kernel_1t": 1 << 62, "kernel_bf16_1t": 1 << 62}
+XLA_ATTENTION = {"kernel_xla_attn"}  # traced with SPECDEC_CPU_ATTENTION=0
 _SHAPE = ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers", "num_decoder_layers")
 MODELS = {  # T5 v1.1 shapes: the embedded target that ships, T5-small, and a tiny smoke-test one.
     "embedded": dict(zip(_SHAPE, (8192, 256, 4, 4, 4), strict=True), head_dim=64, mlp_dim=1024),
@@ -198,7 +203,12 @@ def measure(name: str, ks: Sequence[int], variants, modes, s: Settings) -> dict[
                 thunk = lambda fn=fn, t=toks, p=params, e=enc, c=cache: fn(p, e, c, t, pos)
                 if variant in SPLIT_OFF:
                     thunk = _with_split(thunk, SPLIT_OFF[variant])
-                with cpu_kernel.env_setting(weight_dtype is not None):
+                with (
+                    cpu_kernel.env_setting(weight_dtype is not None),
+                    cpu_kernel.env_var(
+                        cpu_kernel.ATTENTION_ENV_VAR, "0" if variant in XLA_ATTENTION else "1"
+                    ),
+                ):
                     jax.block_until_ready(thunk())  # traces (and compiles) under that setting
                 calls[(variant, mode, k)] = thunk
                 steps[(variant, mode, k)] = s.loop_steps if mode == "loop" else 1

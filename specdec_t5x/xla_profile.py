@@ -41,8 +41,8 @@ _WEIGHT_OPS = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo")
 def _category(op: str, shape: str, op_name: str, dims: Mapping[str, int]) -> str:
     """Coarse category of one thunk; fusions containing a dot are labelled by that dot."""
     shape = shape.split("{")[0]  # drop the layout
-    if op == "custom-call":  # `cpu_kernel.matmul` (the decoder's projections on the kernel path)
-        return "CPU kernel matmuls"
+    if op == "custom-call":  # `cpu_kernel.attention` (rank 4 out) or `cpu_kernel.matmul` (rank 2)
+        return "CPU kernel attention" if shape.count(",") == 3 else "CPU kernel matmuls"
     if op == "dot":  # k = 1 GEMVs carry no op_name: weight dots are rank 2, attention dots rank 3
         if "logits_dense" in op_name or re.fullmatch(rf"f32\[\d+,{dims['vocab']}\]", shape):
             return "logits matmul"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import encoder_inputs
 
-from specdec_t5x import cpu_kernel, decoding, embedded, models, network
+from specdec_t5x import benchmark, cpu_kernel, decoding, embedded, models, network
 
 needs_kernel = pytest.mark.skipif(
     not cpu_kernel.available(),
@@ -147,6 +147,96 @@ def test_while_loop_vmap_and_grad():
 
 
 # ----------------------------------------------------------------------------------------------
+# The fused cached attention.
+
+
+def _attention_inputs(rng, b, q, h, d, s, bias_shape, masked=0.2):
+    def normal(*shape):
+        return jnp.asarray(rng.standard_normal(shape), jnp.float32)
+
+    bias = np.where(
+        rng.random(bias_shape) < masked, network.NEG_INF, rng.standard_normal(bias_shape)
+    )
+    return (
+        normal(b, q, h, d),
+        normal(b, h, s, d),
+        normal(b, h, s, d),
+        jnp.asarray(bias, jnp.float32),
+    )
+
+
+def _attention_float64(q, k, v, bias):
+    q, k, v, bias = (np.asarray(a, np.float64) for a in (q, k, v, bias))
+    logits = np.einsum("bqhd,bhkd->bhqk", q, k) + bias
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bhkd->bqhd", weights, v)
+
+
+def test_attention_equals_softmax_reference(isa):
+    """Query rows 1..16, 20, 37; head_dim a multiple of 16 (the AVX-512 path) or not (portable);
+    cache lengths not multiples of 16; bias broadcast over batch and/or heads; masked entries
+    (-1e10) and a fully masked row (uniform weights, as jax.nn.softmax gives)."""
+    rng = np.random.default_rng(3)
+    fn = jax.jit(cpu_kernel.attention)
+    cases = [
+        (1, 4, 64, 256, (1, 1)),
+        (2, 3, 16, 37, (2, 3)),
+        (2, 2, 20, 9, (1, 2)),
+        (1, 2, 128, 5, (2, 1)),
+    ]
+    for b, h, d, s, (bb, hb) in cases:
+        for q in [*range(1, 17), 20, 37]:
+            if bb == 2 and b == 1:  # a batch-2 bias needs a batch-2 query
+                continue
+            args = _attention_inputs(rng, b, q, h, d, s, (bb, hb, q, s))
+            out = fn(*args)
+            assert out.shape == (b, q, h, d) and out.dtype == jnp.float32
+            assert _rel_err(out, _attention_float64(*args)) < 1e-5, (b, h, d, s, q)
+            ref = cpu_kernel.attention_reference(*args)  # XLA's path (other platforms)
+            assert _rel_err(out, np.asarray(ref, np.float64)) < 1e-5
+    q, k, v, bias = _attention_inputs(rng, 1, 3, 2, 32, 11, (1, 1, 3, 11), masked=0.0)
+    bias = bias.at[0, 0, 1].set(network.NEG_INF)  # query row 1 sees nothing
+    out = fn(q, k, v, bias)
+    np.testing.assert_allclose(out[0, 1], np.asarray(v[0]).mean(axis=1), rtol=1e-5, atol=1e-6)
+
+
+def test_attention_bad_inputs_vmap_loop_and_grad():
+    rng = np.random.default_rng(4)
+    q, k, v, bias = _attention_inputs(rng, 2, 3, 2, 16, 10, (2, 2, 3, 10))
+    with pytest.raises(ValueError, match="float32 operands"):
+        cpu_kernel.attention(q.astype(jnp.bfloat16), k, v, bias)
+    with pytest.raises(ValueError, match="do not match"):
+        cpu_kernel.attention(q, k[:, :, :9], v, bias)
+    with pytest.raises(ValueError, match="do not match"):
+        cpu_kernel.attention(q, k, v, bias[:, :, :, :9])
+    with pytest.raises(ValueError, match="do not match"):
+        cpu_kernel.attention(q[:, :0], k, v, bias[:, :, :0])
+    with pytest.raises(ValueError, match="rank-4"):
+        cpu_kernel.attention(q[0], k, v, bias)
+    # vmap over a stack of inputs (leading axes fold into the batch), and inside a while loop.
+    stack = [jnp.stack([a, 2 * a]) for a in (q, k, v, bias)]
+    got = jax.jit(jax.vmap(cpu_kernel.attention))(*stack)
+    want = jnp.stack([cpu_kernel.attention_reference(*(a[i] for a in stack)) for i in range(2)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    got = jax.vmap(cpu_kernel.attention, in_axes=(0, None, None, None))(stack[0], k, v, bias)
+    np.testing.assert_allclose(
+        got[1], cpu_kernel.attention_reference(2 * q, k, v, bias), rtol=1e-5, atol=1e-5
+    )
+
+    def body(i, x):
+        return jnp.tanh(cpu_kernel.attention(x, k, v, bias))
+
+    got = jax.jit(lambda x: jax.lax.fori_loop(0, 3, body, x))(q)
+    want = q
+    for _ in range(3):
+        want = jnp.tanh(cpu_kernel.attention_reference(want, k, v, bias))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        jax.grad(lambda x: cpu_kernel.attention(x, k, v, bias).sum())(q)
+
+
+# ----------------------------------------------------------------------------------------------
 # Wiring into the decoder.
 
 
@@ -282,6 +372,32 @@ def test_decoder_logits_with_and_without_kernel(tiny_target, monkeypatch, weight
     if weight_dtype == "bfloat16":  # the option does change numerics vs float32 weights
         monkeypatch.setenv(cpu_kernel.ENV_VAR, "0")
         assert not np.allclose(run(params, 3), without, rtol=1e-6, atol=0)
+
+
+def test_packed_decoder_runs_the_fused_attention(tiny_target, monkeypatch):
+    """Packed float32 params: every cached attention (self and cross) is one `cpu_kernel.attention`
+    call; SPECDEC_CPU_ATTENTION=0 keeps XLA's dots; the logits agree to 1e-5."""
+    module, params = tiny_target
+    enc = encoder_inputs(2, 7, [7, 4])
+    tokens = jnp.asarray(np.random.RandomState(4).randint(3, 32, (2, 3)), jnp.int32)
+    model = models.EncoderDecoderModel(module)
+    packed = model.pack_params(params)
+    layers = module.config.num_decoder_layers
+
+    def run(fused):
+        monkeypatch.setenv(cpu_kernel.ATTENTION_ENV_VAR, "1" if fused else "0")
+        cache, _ = model.decoder_state(packed, enc, 6)
+        step = benchmark.decoder_step(module)
+        fn = jax.jit(step)
+        args = (packed, enc, tokens, jnp.zeros((2,), jnp.int32), cache)
+        hlo = fn.lower(*args).as_text()
+        return np.asarray(fn(*args)[0]), hlo.count("specdec_attention")
+
+    fused, calls = run(True)
+    assert calls == 2 * layers, calls
+    unfused, calls = run(False)
+    assert calls == 0
+    np.testing.assert_allclose(fused, unfused, rtol=1e-5, atol=1e-5)
 
 
 def test_scanned_layers_use_the_kernel(monkeypatch):

@@ -6,6 +6,7 @@ import pathlib
 import re
 import shlex
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -60,8 +61,16 @@ def test_breakdown_categories_cover_the_decoder_step():
                 fn.lower(packed, *args[1:]).compile().as_text()
             )
         cats = {xla_profile._category(*label, dims) for label in labels.values()}
+        assert {"CPU kernel matmuls", "CPU kernel attention"} <= cats
+        assert not cats & {"layer weight matmuls", "logits matmul", "attention dots"}
+        jax.clear_caches()  # the setting is read when tracing
+        with cpu_kernel.env_setting(True), cpu_kernel.env_var(cpu_kernel.ATTENTION_ENV_VAR, "0"):
+            labels = xla_profile._instruction_labels(
+                fn.lower(packed, *args[1:]).compile().as_text()
+            )
+        cats = {xla_profile._category(*label, dims) for label in labels.values()}
         assert "CPU kernel matmuls" in cats and "attention dots" in cats
-        assert "layer weight matmuls" not in cats and "logits matmul" not in cats
+        assert "CPU kernel attention" not in cats
 
 
 def test_readme_commands_parse_with_known_names():

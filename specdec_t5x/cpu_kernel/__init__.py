@@ -1,4 +1,5 @@
-"""Weight-streaming small-M matmul for CPU decoding (an XLA FFI custom call; C++ in `matmul.cc`).
+"""Weight-streaming small-M matmul and fused cached attention for CPU decoding (XLA FFI custom
+calls; C++ in `matmul.cc` and `attention.cc`).
 
 A cached decoder step multiplies M = batch x k rows (k = 1 for a plain step, γ + 1 for the
 speculative verify step) by every projection matrix. XLA:CPU lowers M >= 2 rows to a GEMM that
@@ -16,6 +17,12 @@ Splitting never changes a result: each output column is summed by the same code 
 * `matmul(x, packed, n)`: `x float32 [..., K]` times the packed matrix -> `float32 [..., n]`.
   Works under `jit`, `while_loop`, `scan` and `vmap`; on GPU/TPU it unpacks and uses `jnp.dot`
   (`lax.platform_dependent`); differentiating it raises (inference only; train on raw params).
+* `attention(q, k, v, bias)`: fused cached attention (logits, additive bias, softmax, P.V) for one
+  layer of a decode step, C++ in `attention.cc`. XLA:CPU runs a k-token step's attention as two
+  batched GEMMs that pack the whole K / V cache on every call plus separate bias and softmax
+  fusions; on a 256-token source that was all of the verify step's growth with k. Used by
+  `network.MultiHeadAttention` for packed float32 parameters (`SPECDEC_CPU_ATTENTION=0` keeps
+  XLA's attention for A/B timing); same platform, vmap and gradient rules as `matmul`.
 * Weight dtype (`WEIGHT_DTYPES`): 'float32' (default) or 'bfloat16' (weights stored rounded to
   bfloat16, widened to float32 in registers: activations, products and sums stay float32; halves
   the bytes streamed, changes numerics, never the default).
@@ -46,27 +53,34 @@ PANEL = 32  # output columns per packed panel
 PACKED_NAME = "kernel_packed"  # parameter name of a packed Dense kernel
 WEIGHT_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ENV_VAR = "SPECDEC_CPU_KERNEL"  # "0" turns the kernel off
+ATTENTION_ENV_VAR = "SPECDEC_CPU_ATTENTION"  # "0" keeps XLA's attention with packed weights (A/B)
 
 
 @contextlib.contextmanager
+def env_var(name: str, value: str):
+    """Sets environment variable `name` to `value` inside the block and restores it after."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
 def env_setting(on: bool):
     """Sets SPECDEC_CPU_KERNEL inside the block and restores the previous value after it.
 
     The setting is read when a function is traced, so it applies to jit traces made inside.
     """
-    old = os.environ.get(ENV_VAR)
-    os.environ[ENV_VAR] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[ENV_VAR]
-        else:
-            os.environ[ENV_VAR] = old
+    return env_var(ENV_VAR, "1" if on else "0")
 
 
 _TARGET = "specdec_matmul"
 _PACK_TARGET = "specdec_pack"
+_ATTENTION_TARGET = "specdec_attention"
 _ISAS = {"portable": 0, "avx2+fma": 1, "avx512f": 2}
 _log = logging.getLogger(__name__)
 
@@ -84,7 +98,11 @@ def _library() -> ctypes.CDLL | None:
             lib.SpecdecMatmulSetSplitBytes.argtypes = [ctypes.c_int64]
             lib.SpecdecMatmulSplitCalls.restype = ctypes.c_int64
             lib.SpecdecMatmulPoolThreads.restype = ctypes.c_int64
-            for target, symbol in ((_TARGET, lib.SpecdecMatmul), (_PACK_TARGET, lib.SpecdecPack)):
+            for target, symbol in (
+                (_TARGET, lib.SpecdecMatmul),
+                (_PACK_TARGET, lib.SpecdecPack),
+                (_ATTENTION_TARGET, lib.SpecdecAttention),
+            ):
                 jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
             return lib
     return None
@@ -273,6 +291,91 @@ def matmul(x: Array, packed: Array, n: int) -> Array:
         )
     lead = x.shape[:-1]
     return _matmul2d(x.reshape(-1, k), packed, int(n)).reshape(*lead, n)
+
+
+def attention_enabled() -> bool:
+    """Whether packed decoder layers use the fused `attention` (SPECDEC_CPU_ATTENTION, default on;
+    read when a step is traced). With it off they keep XLA's dots and softmax (for A/B timing)."""
+    return os.environ.get(ATTENTION_ENV_VAR, "1").strip() != "0"
+
+
+def attention_reference(q: Array, k: Array, v: Array, bias: Array) -> Array:
+    """What `attention` computes, in XLA ops (the other platforms' path and the tests' reference).
+
+    Same arguments and result as `attention`."""
+    logits = jnp.einsum("bqhd,bhkd->bhqk", q, k) + bias
+    weights = jax.nn.softmax(logits)
+    return jnp.einsum("bhqk,bhkd->bqhd", weights, v)
+
+
+def _ffi_attention(q: Array, k: Array, v: Array, bias: Array) -> Array:
+    call = jax.ffi.ffi_call(
+        _ATTENTION_TARGET,
+        jax.ShapeDtypeStruct(q.shape, jnp.float32),
+        vmap_method="broadcast_all",  # the handler folds leading (vmapped) axes into the batch
+    )
+    return call(q, k, v, bias)
+
+
+@jax.custom_jvp
+def _attention(q: Array, k: Array, v: Array, bias: Array) -> Array:
+    return jax.lax.platform_dependent(
+        q, k, v, bias, cpu=_ffi_attention, default=attention_reference
+    )
+
+
+@_attention.defjvp
+def _attention_jvp(primals, tangents):
+    raise NotImplementedError(
+        "cpu_kernel.attention is inference-only and has no derivative: differentiate a model "
+        f"with its raw (unpacked) parameters, or set {ENV_VAR}=0."
+    )
+
+
+def attention(q: Array, k: Array, v: Array, bias: Array) -> Array:
+    """Fused cached attention (logits, additive bias, softmax, P.V) through the FFI kernel on CPU.
+
+    T5-style: no 1/sqrt(d) scaling (T5X `layers.dot_product_attention` with the scale folded into
+    the query initialisation). One call per attention layer of a decode step; each cache row is
+    read once for every query row (see `attention.cc` for why XLA's batched dots cost more).
+
+    Args:
+      q: float32 [batch, q_len, heads, head_dim] queries.
+      k, v: float32 [batch, heads, kv_len, head_dim] keys / values (the cache, heads first).
+      bias: float32 [batch | 1, heads | 1, q_len, kv_len] additive bias (mask as 0 / -1e10, plus
+        any relative-position bias).
+
+    Returns:
+      float32 [batch, q_len, heads, head_dim], softmax(q.k + bias) @ v.
+
+    Raises:
+      ValueError: a dtype other than float32, shapes that do not match, or a zero-size operand.
+      NotImplementedError: when differentiated.
+    """
+    arrays = {"q": q, "k": k, "v": v, "bias": bias}
+    bad = {n: a.dtype for n, a in arrays.items() if a.dtype != jnp.float32}
+    if bad:
+        raise ValueError(f"attention needs float32 operands; got {bad}.")
+    if any(a.ndim != 4 for a in arrays.values()):
+        raise ValueError(
+            f"attention needs rank-4 operands; got { {n: a.shape for n, a in arrays.items()} }."
+        )
+    b, ql, h, d = q.shape
+    s = k.shape[2]
+    if (
+        k.shape != (b, h, s, d)
+        or v.shape != k.shape
+        or bias.shape[0] not in (1, b)
+        or bias.shape[1] not in (1, h)
+        or bias.shape[2:] != (ql, s)
+        or min(q.size, k.size) == 0
+    ):
+        raise ValueError(
+            f"attention: q {q.shape} [b, q, h, d], k {k.shape} and v {v.shape} [b, h, s, d], bias "
+            f"{bias.shape} [b|1, h|1, q, s] do not match (or an operand is empty)."
+        )
+    _library()  # registers the FFI target (on CPU the call needs it; elsewhere it is harmless)
+    return _attention(q, k, v, bias)
 
 
 def dense(x: Array, packed: Array, features: int, dtype: Any) -> Array:

@@ -507,6 +507,9 @@ extern "C" const char* SpecdecMatmulIsa() {
   }
 }
 
+// The same as a number (attention.cc): 0 portable, 1 avx2+fma, 2 avx512f.
+extern "C" int SpecdecMatmulIsaCode() { return static_cast<int>(isa()); }
+
 // Forces a code path (tests and A/B timing): 0 portable, 1 avx2+fma, 2 avx512f, -1 back to the
 // detected one. Returns 1 if done, 0 if this CPU cannot run that path (nothing changes).
 extern "C" int SpecdecMatmulForceIsa(int which) {
