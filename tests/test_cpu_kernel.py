@@ -1,4 +1,5 @@
-"""The CPU matmul kernel (specdec_t5x/cpu_kernel): exact against jnp.dot, wired into decoding, and
+"""The CPU kernels (specdec_t5x/cpu_kernel): the matmul exact against jnp.dot, the fused attention
+against a float64 softmax reference, both wired into decoding, and
 its fallbacks (env var off, extension missing)."""
 
 import jax

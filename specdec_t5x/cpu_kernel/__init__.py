@@ -93,6 +93,9 @@ def _library() -> ctypes.CDLL | None:
         path = here / f"_matmul{suffix}"
         if path.is_file():
             lib = ctypes.CDLL(str(path))
+            if not hasattr(lib, "SpecdecAttention"):  # built from an older source tree
+                _log_fallback_once(f"{path.name} is stale: rebuild it with `pip install -e .`")
+                return None
             lib.SpecdecMatmulIsa.restype = ctypes.c_char_p
             lib.SpecdecMatmulSetSplitBytes.restype = ctypes.c_int64
             lib.SpecdecMatmulSetSplitBytes.argtypes = [ctypes.c_int64]
