@@ -447,6 +447,26 @@ def test_fallback_extension_missing(tiny_target, monkeypatch, caplog):
     assert decodes.shape == (1, 5)
 
 
+def test_stale_extension_is_not_loaded(monkeypatch, caplog):
+    """A build from an older source tree (no attention symbol) is refused with a logged reason,
+    so decoding falls back to jnp.dot instead of failing on the missing FFI target."""
+
+    class OldBuild:  # exports the matmul symbols only
+        SpecdecMatmul = SpecdecPack = object()
+
+    monkeypatch.setattr(cpu_kernel.ctypes, "CDLL", lambda path: OldBuild())
+    cpu_kernel._library.cache_clear()
+    cpu_kernel._log_fallback_once.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            assert cpu_kernel._library() is None
+        assert any("is stale" in r.message for r in caplog.records)
+    finally:
+        cpu_kernel._library.cache_clear()
+    monkeypatch.undo()
+    assert cpu_kernel.available()  # the real build loads again
+
+
 def test_bfloat16_activations_keep_dot(monkeypatch):
     module = network.Transformer(
         network.T5Config(
