@@ -197,7 +197,7 @@ def evaluate(
     draft_name: str = "draft",
     draft_params=None,
     seed: int = 0,
-    cost_repeats: int = 30,
+    cost_repeats: int = 60,
     auto_gamma_max: int = 6,
     measure_time_budget: bool = True,
     command: str | None = None,
