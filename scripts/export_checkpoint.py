@@ -13,7 +13,7 @@ import argparse
 
 import jax.numpy as jnp
 
-from specdec_t5x import train
+from specdec_t5x import drafts, train
 
 
 def main(argv=None) -> None:
@@ -22,9 +22,15 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True, help="msgpack file to write")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument(
+        "--draft_only",
+        action="store_true",
+        help="leave the target's encoder out (a network.TargetEncoderTransformer draft's run)",
+    )
     args = parser.parse_args(argv)
+    exclude = tuple(drafts.TARGET_ENCODER_SUBTREES) if args.draft_only else ()
     path, step = train.export_checkpoint(
-        args.run_dir, args.out, step=args.step, export_dtype=jnp.dtype(args.dtype)
+        args.run_dir, args.out, step=args.step, export_dtype=jnp.dtype(args.dtype), exclude=exclude
     )
     print(f"exported step {step} of {args.run_dir} to {path}")
 

@@ -48,7 +48,12 @@ def measure(
     target_cache = jax.jit(lambda p, e: steps.prepare_cache(module, p, e, target_len))(
         target_params, enc
     )
-    draft_cache = jax.jit(lambda p, e: draft.init_cache(p, e, target_len))(draft_params, enc)
+    encoded = None
+    if getattr(draft, "shares_target_encoder", False):  # its cache reads the target's encoding
+        encoded = jax.jit(lambda p, e: steps.encode(module, p, e))(target_params, enc)
+    draft_cache = jax.jit(lambda p, e, x: draft.init_cache(p, e, target_len, x))(
+        draft_params, enc, encoded
+    )
 
     def draft_step(p, e, tokens, pos, cache):
         return draft.make_step(p, e)(tokens, pos, cache)

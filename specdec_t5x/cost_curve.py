@@ -223,7 +223,12 @@ def step_costs(
     target_cache = jax.jit(lambda tp, e: steps.prepare_cache(module, tp, e, max_decode_len))(
         target_params, enc
     )
-    draft_cache = jax.jit(lambda dp, e: draft.init_cache(dp, e, max_decode_len))(draft_params, enc)
+    encoded = None
+    if getattr(draft, "shares_target_encoder", False):  # its cache reads the target's encoding
+        encoded = jax.jit(lambda tp, e: steps.encode(module, tp, e))(target_params, enc)
+    draft_cache = jax.jit(lambda dp, e, x: draft.init_cache(dp, e, max_decode_len, x))(
+        draft_params, enc, encoded
+    )
 
     def draft_step(dp, e, tokens, pos, cache):
         return draft.make_step(dp, e)(tokens, pos, cache)  # the cache is built once, above

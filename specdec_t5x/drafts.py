@@ -3,8 +3,9 @@
 Every draft exposes `params` (a pytree, passed to jitted code as an argument) and two separate
 halves, so a timer can build the cache once and time only the step:
 
-* `init_cache(params, encoder_input_tokens, max_decode_len) -> cache` (the T5 draft's encoder pass
-  and cache set-up happen here, once per batch);
+* `init_cache(params, encoder_input_tokens, max_decode_len, encoded=None) -> cache` (the T5
+  draft's encoder pass and cache set-up happen here, once per batch; `encoded` is the target's
+  encoder output, read by drafts with `shares_target_encoder`);
 * `make_step(params, encoder_input_tokens) -> step`, a `steps.BlockStep`::
 
     step(tokens int32 [batch, k], positions int32 [batch], cache)
@@ -14,7 +15,9 @@ halves, so a timer can build the cache once and time only the step:
 
 Drafts here:
 
-* `T5Draft`: a (smaller) T5 network with its own encoder pass and cache.
+* `T5Draft`: a (smaller) T5 network with its own encoder pass and cache, or, with
+  `share_target_encoder=True` and a `network.TargetEncoderTransformer`, a draft decoder over the
+  target's encoder output (no encoder pass of its own; `with_target_encoder` builds its tree).
 * `UnigramDraft` / `BigramDraft`: n-gram language models over the task's training targets
   (the paper's Table 3 baselines), fitted by `fit_ngram_drafts`.
 * `SourceCopyDraft`: proposes the token that follows the longest match of the recent output n-gram
@@ -43,9 +46,15 @@ class Draft(Protocol):
     """What `SpeculativeEncoderDecoderModel` needs from a draft (drafts here subclass it)."""
 
     params: Any
+    # True: the draft decodes from the target's encoder output (`encoded` in `prepare`).
+    shares_target_encoder: bool = False
 
-    def init_cache(self, params, encoder_input_tokens: Array, max_decode_len: int) -> Any:
-        """The draft's fresh cache for int32 [batch, enc_len] inputs and L = max_decode_len."""
+    def init_cache(
+        self, params, encoder_input_tokens: Array, max_decode_len: int, encoded=None
+    ) -> Any:
+        """The draft's fresh cache for int32 [batch, enc_len] inputs and L = max_decode_len
+        (`encoded`: the target's encoder output, float32 [batch, enc_len, emb]; read only by
+        drafts that share the target's encoder)."""
         ...
 
     def make_step(self, params, encoder_input_tokens: Array) -> steps.BlockStep:
@@ -57,10 +66,10 @@ class Draft(Protocol):
         `steps.pack_params`); the default returns them unchanged."""
         return params
 
-    def prepare(self, params, encoder_input_tokens: Array, max_decode_len: int):
+    def prepare(self, params, encoder_input_tokens: Array, max_decode_len: int, encoded=None):
         """Returns `(cache, step)`: `init_cache` and `make_step` for this batch."""
         params = self.pack_params(params)  # once, outside the decode loop
-        cache = self.init_cache(params, encoder_input_tokens, max_decode_len)
+        cache = self.init_cache(params, encoder_input_tokens, max_decode_len, encoded)
         return cache, self.make_step(params, encoder_input_tokens)
 
 
@@ -70,20 +79,81 @@ class T5Draft(Draft):
     Args:
       module: the draft `network.Transformer` (its vocab_size must equal the target's).
       params: its parameters.
+      share_target_encoder: decode from the target's encoder output instead of encoding the
+        source again (`module` must be a `network.TargetEncoderTransformer` whose encoder is the
+        target's). Its cache is then the cross-attention K/V of `encoded` plus the self-attention
+        slots, and `params` need only the draft's own subtrees (`token_embedder`, `decoder`).
+
+    Raises:
+      ValueError: `share_target_encoder` with another module class.
     """
 
-    def __init__(self, module: network.Transformer, params: Any):
+    def __init__(self, module: network.Transformer, params: Any, share_target_encoder=False):
+        if share_target_encoder and not isinstance(module, network.TargetEncoderTransformer):
+            raise ValueError(
+                "share_target_encoder=True needs a network.TargetEncoderTransformer draft; got "
+                f"{type(module).__name__}."
+            )
         self.module = module
         self.params = params
+        self.shares_target_encoder = bool(share_target_encoder)
 
     def pack_params(self, params):
         return steps.pack_params(self.module, params)
 
-    def init_cache(self, params, encoder_input_tokens, max_decode_len):
-        return steps.prepare_cache(self.module, params, encoder_input_tokens, max_decode_len)
+    def init_cache(self, params, encoder_input_tokens, max_decode_len, encoded=None):
+        """See `Draft.init_cache`.
+
+        Raises:
+          ValueError: a draft sharing the target's encoder called without `encoded`.
+        """
+        if not self.shares_target_encoder:
+            return steps.prepare_cache(self.module, params, encoder_input_tokens, max_decode_len)
+        if encoded is None:
+            raise ValueError(
+                "this draft decodes from the target's encoder output: pass encoded (float32 "
+                "[batch, enc_len, target emb]; models.SpeculativeEncoderDecoderModel.draft_state "
+                "does)."
+            )
+        params = self.pack_params(params)
+        return steps.init_cache(self.module, params, encoded, encoder_input_tokens, max_decode_len)
 
     def make_step(self, params, encoder_input_tokens):
         return steps.make_block_step(self.module, params, encoder_input_tokens)
+
+
+# The subtrees a `network.TargetEncoderTransformer` takes from the target: its name -> target's.
+TARGET_ENCODER_SUBTREES = {"encoder_token_embedder": "token_embedder", "encoder": "encoder"}
+
+
+def with_target_encoder(draft_params, target_params):
+    """The full parameter tree of a `network.TargetEncoderTransformer` draft: the draft's own
+    subtrees (`token_embedder`, `decoder`) and the target's encoder under the draft's names.
+
+    The target's leaves are shared, not copied. Use for training (the encoder frozen:
+    `train.train(frozen_params=tuple(TARGET_ENCODER_SUBTREES))`) and for decoding the draft on
+    its own; speculative decoding with `T5Draft(share_target_encoder=True)` needs only the draft's
+    subtrees (`draft_subtrees`).
+
+    Args:
+      draft_params: the draft's tree; any target-encoder subtrees in it are replaced.
+      target_params: the target `network.Transformer`'s tree (raw or packed: the encoder and the
+        embedding are never packed).
+
+    Raises:
+      KeyError: the target tree lacks `token_embedder` or `encoder`.
+    """
+    missing = [k for k in TARGET_ENCODER_SUBTREES.values() if k not in target_params]
+    if missing:
+        raise KeyError(f"target parameters lack {missing}; got keys {sorted(target_params)}.")
+    out = {k: v for k, v in draft_params.items() if k not in TARGET_ENCODER_SUBTREES}
+    out.update({k: target_params[v] for k, v in TARGET_ENCODER_SUBTREES.items()})
+    return out
+
+
+def draft_subtrees(params):
+    """`params` without the target-encoder subtrees (what a target-encoder draft ships)."""
+    return {k: v for k, v in params.items() if k not in TARGET_ENCODER_SUBTREES}
 
 
 def _no_cache(batch: int) -> dict[str, Array]:
@@ -101,7 +171,7 @@ class UnigramDraft(Draft):
     def __init__(self, log_probs):
         self.params = {"log_probs": jnp.asarray(log_probs, jnp.float32)}
 
-    def init_cache(self, params, encoder_input_tokens, max_decode_len):
+    def init_cache(self, params, encoder_input_tokens, max_decode_len, encoded=None):
         return _no_cache(encoder_input_tokens.shape[0])
 
     def make_step(self, params, encoder_input_tokens):
@@ -134,7 +204,7 @@ class BigramDraft(Draft):
             "backoff_log_probs": jnp.asarray(backoff_log_probs, jnp.float32),
         }
 
-    def init_cache(self, params, encoder_input_tokens, max_decode_len):
+    def init_cache(self, params, encoder_input_tokens, max_decode_len, encoded=None):
         return _no_cache(encoder_input_tokens.shape[0])
 
     def make_step(self, params, encoder_input_tokens):
@@ -270,7 +340,7 @@ class SourceCopyDraft(Draft):
         self.max_ngram = max_ngram
         self.params = {}
 
-    def init_cache(self, params, encoder_input_tokens, max_decode_len):
+    def init_cache(self, params, encoder_input_tokens, max_decode_len, encoded=None):
         return {"tokens": jnp.zeros((encoder_input_tokens.shape[0], max_decode_len), jnp.int32)}
 
     def make_step(self, params, encoder_input_tokens):

@@ -285,6 +285,37 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
         super().__init__(module, input_vocabulary, output_vocabulary, **kwargs)
         self.draft = draft
 
+    def states(self, params, draft_params, encoder_input_tokens: Array, max_decode_len: int):
+        """`((target_cache, target_step), (draft_cache, draft_step))` for one batch.
+
+        The source is encoded once by the target; a draft that shares the target's encoder
+        (`drafts.T5Draft(share_target_encoder=True)`) builds its cache from that output instead of
+        encoding again.
+
+        Args:
+          params: target parameters (raw or packed); draft_params: the draft's.
+          encoder_input_tokens: int32 [batch, enc_len]; max_decode_len: L.
+        """
+        if not getattr(self.draft, "shares_target_encoder", False):
+            target = self.decoder_state(params, encoder_input_tokens, max_decode_len)
+            return target, self.draft.prepare(draft_params, encoder_input_tokens, max_decode_len)
+        params = self.pack_params(params)
+        encoded = steps.encode(self.module, params, encoder_input_tokens)
+        cache = steps.init_cache(
+            self.module, params, encoded, encoder_input_tokens, max_decode_len
+        )
+        target = cache, steps.make_block_step(self.module, params, encoder_input_tokens)
+        draft = self.draft.prepare(draft_params, encoder_input_tokens, max_decode_len, encoded)
+        return target, draft
+
+    def draft_state(self, params, draft_params, encoder_input_tokens: Array, max_decode_len: int):
+        """`(draft_cache, draft_step)` alone (e.g. to time the draft): a draft sharing the
+        target's encoder gets the target's encoder output (computed here from `params`)."""
+        encoded = None
+        if getattr(self.draft, "shares_target_encoder", False):
+            encoded = steps.encode(self.module, params, encoder_input_tokens)
+        return self.draft.prepare(draft_params, encoder_input_tokens, max_decode_len, encoded)
+
     def predict_batch_with_aux(
         self,
         params,
@@ -308,10 +339,11 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
         _require(batch, "encoder_input_tokens", "decoder_input_tokens")
         enc = batch["encoder_input_tokens"]
         inputs = decoder_prompt_inputs(batch, self.eos_id, prompt_with_targets)
-        target_cache, target_step = self.decoder_state(params, enc, inputs.shape[1])
         if draft_params is None:
             draft_params = self.draft.params
-        draft_cache, draft_step = self.draft.prepare(draft_params, enc, inputs.shape[1])
+        (target_cache, target_step), (draft_cache, draft_step) = self.states(
+            params, draft_params, enc, inputs.shape[1]
+        )
         kwargs = {**self.default_decoder_params, **dict(decoder_params or {})}
         decodes, stats = self.decode_fn(
             inputs,

@@ -762,3 +762,40 @@ class Transformer(nn.Module):
             enable_dropout,
             decode,
         )
+
+
+class TargetEncoderTransformer(Transformer):
+    """A draft whose decoder reads the *target's* encoder output (a decoder-only draft head).
+
+    In an encoder-decoder model the draft's own encoder is a fixed cost per example that buys
+    nothing the target has not already computed: the speculative decoder encodes the source with
+    the target anyway. This draft has the target's encoder (`encoder_config`, the target's
+    `T5Config`, with its own token embedder `encoder_token_embedder`) and a small decoder
+    (`config`) whose cross-attention projects the target's encoder width. When decoding
+    speculatively, `models.SpeculativeEncoderDecoderModel` hands it the target's encoder output, so
+    the draft's set-up is only its cross-attention K/V projection (see `drafts.T5Draft`,
+    `share_target_encoder`). Exactness does not depend on it: the draft is just another q.
+
+    Parameter tree (T5X names): `token_embedder` and `decoder` (the draft's own: what is trained
+    and shipped), `encoder_token_embedder/embedding` and `encoder/...` (the target's
+    `token_embedder` and `encoder`, frozen in training: `drafts.with_target_encoder` builds the
+    tree). Entry points are `Transformer`'s.
+
+    Raises (at first use):
+      ValueError: `encoder_config` missing, or its vocabulary differs from `config`'s.
+    """
+
+    encoder_config: T5Config | None = None
+
+    def setup(self):
+        cfg, ecfg = self.config, self.encoder_config
+        if ecfg is None or ecfg.vocab_size != cfg.vocab_size:
+            raise ValueError(
+                "TargetEncoderTransformer needs encoder_config (the target's T5Config) with the "
+                f"draft's vocab_size {cfg.vocab_size}; got "
+                f"{None if ecfg is None else ecfg.vocab_size}."
+            )
+        self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
+        self.encoder_token_embedder = Embed(ecfg.vocab_size, ecfg.emb_dim, ecfg.dtype)
+        self.encoder = Encoder(ecfg, self.encoder_token_embedder)
+        self.decoder = Decoder(cfg, self.token_embedder)

@@ -34,7 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x import benchmark, decoding, models, speculative
+from specdec_t5x import benchmark, decoding, models, speculative, steps
 
 Array = jax.Array
 
@@ -50,7 +50,8 @@ def measure_setup_ms(
     """Medians (ms) of the target's and the draft's encoder pass + cache set-up, one call each.
 
     Args:
-      spec_model: `models.SpeculativeEncoderDecoderModel` (its `decoder_state`, `draft.prepare`).
+      spec_model: `models.SpeculativeEncoderDecoderModel` (its `decoder_state`, `draft.prepare`;
+        a draft sharing the target's encoder is timed from the target's encoder output).
       target_params, draft_params: as the timed decoders get them (packed).
       encoder_input_tokens: int32 [batch, enc_len].
       max_decode_len: cache length.
@@ -61,10 +62,18 @@ def measure_setup_ms(
     """
     enc = jnp.asarray(encoder_input_tokens)
     target = jax.jit(lambda tp, e: spec_model.decoder_state(tp, e, max_decode_len)[0])
-    draft = jax.jit(lambda dp, e: spec_model.draft.prepare(dp, e, max_decode_len)[0])
+    draft_call = lambda: draft(draft_params, enc)  # noqa: E731
+    if getattr(spec_model.draft, "shares_target_encoder", False):
+        # The draft's set-up is its cache from the target's encoder output (computed anyway).
+        encoded = jax.jit(lambda tp, e: steps.encode(spec_model.module, tp, e))(target_params, enc)
+        draft = jax.jit(
+            lambda dp, e, x: spec_model.draft.prepare(dp, e, max_decode_len, x)[0]
+        )
+        draft_call = lambda: draft(draft_params, enc, encoded)  # noqa: E731
+    else:
+        draft = jax.jit(lambda dp, e: spec_model.draft.prepare(dp, e, max_decode_len)[0])
     samples = benchmark.time_interleaved(
-        {"target": lambda: target(target_params, enc), "draft": lambda: draft(draft_params, enc)},
-        repeats,
+        {"target": lambda: target(target_params, enc), "draft": draft_call}, repeats
     )
     return {f"{k}_setup_ms": statistics.median(v) for k, v in samples.items()}
 
@@ -396,8 +405,9 @@ def measure_in_loop_ms(
     enc = batch["encoder_input_tokens"]
     inputs = jnp.zeros_like(batch["decoder_input_tokens"])
     L = inputs.shape[1]
-    target_cache, target_step = spec_model.decoder_state(target_params, enc, L)
-    draft_cache, draft_step = spec_model.draft.prepare(draft_params, enc, L)
+    (target_cache, target_step), (draft_cache, draft_step) = spec_model.states(
+        target_params, draft_params, enc, L
+    )
     vocab = spec_model.module.config.vocab_size
     free_step, free_cache = _constant_step(vocab, spec_model.eos_id), jnp.zeros((), jnp.float32)
     rng = jax.random.PRNGKey(2)
@@ -446,8 +456,7 @@ def measure_iteration_ms(
 
     @jax.jit
     def run(tp, dp, e):
-        tc, target_step = spec_model.decoder_state(tp, e, L)
-        dc, draft_step = spec_model.draft.prepare(dp, e, L)
+        (tc, target_step), (dc, draft_step) = spec_model.states(tp, dp, e, L)
         one = jnp.full((b, 1), 5, jnp.int32)
         block = jnp.full((b, gamma + 1), 5, jnp.int32)
 
@@ -462,10 +471,7 @@ def measure_iteration_ms(
         return jax.lax.fori_loop(0, steps_per_call, body, (dc, tc, jnp.float32(0)))[2]
 
     setup = jax.jit(
-        lambda tp, dp, e: (
-            spec_model.decoder_state(tp, e, L)[0],
-            spec_model.draft.prepare(dp, e, L)[0],
-        )
+        lambda tp, dp, e: tuple(state[0] for state in spec_model.states(tp, dp, e, L))
     )
     calls = {
         "loop": lambda: run(target_params, draft_params, enc),

@@ -127,8 +127,12 @@ def make_train_step(
     dropout: bool,
     distill_from: models.EncoderDecoderModel | None = None,
     divergence: str = "fkl",
+    frozen: Sequence[str] = (),
 ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
     """Jitted `step(state, batch, rng, distill_params, loss_weights) -> (state, metrics)`.
+
+    Gradients are taken only with respect to the top-level subtrees not in `frozen` (the frozen
+    ones get zero gradients, so no backward pass runs through them).
 
     `state` is donated. The dropout key of step t is `fold_in(rng, t)`, so a resumed run draws the
     same masks. `distill_params` are the frozen target's parameters and `loss_weights` float32 [2]
@@ -155,7 +159,12 @@ def make_train_step(
                 divergence,
                 xent_weight=loss_weights[0],
             )
-        (_, step_metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        fixed = {k: v for k, v in state.params.items() if k in frozen}
+        trained = {k: v for k, v in state.params.items() if k not in frozen}
+        (_, step_metrics), grads = jax.value_and_grad(
+            lambda t: loss_fn({**t, **fixed}), has_aux=True
+        )(trained)
+        grads = {**grads, **jax.tree_util.tree_map(jnp.zeros_like, fixed)}
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         step_metrics["grad_norm"] = optax.global_norm(grads)
@@ -217,6 +226,7 @@ def train(
     regenerate_every: int = 100,
     generated_pool_batches: int = 4,
     init_params: Any = None,
+    frozen_params: Sequence[str] = (),
     export_path: str | os.PathLike | None = None,
     export_dtype: Any = jnp.bfloat16,
     test_data: Sequence[tuple[str, str]] | None = None,
@@ -260,8 +270,11 @@ def train(
         batches` at a time per source, afresh every `regenerate_every` steps
         (`distill.MixedBatches`); decoding length `max_target_len`, batch `batch_size`.
       init_params: start from these parameters instead of a random init.
+      frozen_params: top-level subtrees of the parameters kept as they are (no update, no weight
+        decay: `optax.set_to_zero`) and left out of the export, e.g. the target's encoder inside
+        a `network.TargetEncoderTransformer` draft (`drafts.TARGET_ENCODER_SUBTREES`).
       export_path: write the final parameters here (`embedded.save_params`, `export_dtype`); the
-        final evaluation then uses the exported (rounded) parameters.
+        final evaluation then uses the exported (rounded) parameters (and the frozen subtrees).
       test_data: pairs for the final test BLEU (the first `num_test_examples`, None: all).
       quality_metric: `'bleu'` or `'rouge'` (ROUGE-1/2/L) of greedy decodes (`quality`).
       progress: show the tqdm bar.
@@ -319,10 +332,27 @@ def train(
     if init_params is None:
         shapes = {"encoder_input_tokens": (1, max_input_len), "decoder_input_tokens": (1, 8)}
         init_params = model.get_initial_variables(init_rng, shapes)["params"]
+    # A copy: the state is donated to each step, and init leaves may be shared with
+    # `distill_params` (e.g. the target's encoder inside a `drafts.with_target_encoder` tree).
+    init_params = jax.tree_util.tree_map(jnp.array, init_params)
+    frozen = tuple(frozen_params)
+    if frozen:
+        unknown = sorted(set(frozen) - set(init_params))
+        if unknown:
+            raise ValueError(
+                f"frozen_params {unknown} are not top-level parameter subtrees; have "
+                f"{sorted(init_params)}."
+            )
+        labels = {k: "frozen" if k in frozen else "trained" for k in init_params}
+        optimizer = optax.multi_transform(
+            {"trained": optimizer, "frozen": optax.set_to_zero()}, labels
+        )
     state = TrainState(jnp.asarray(0, jnp.int32), init_params, optimizer.init(init_params))
     checkpoints = train_checkpoints.TrainCheckpoints(run_dir / "checkpoints", keep_checkpoints)
     state, elapsed_s = checkpoints.restore(state, stream)
-    train_step = make_train_step(model, optimizer, dropout, distill_from, distill_divergence)
+    train_step = make_train_step(
+        model, optimizer, dropout, distill_from, distill_divergence, frozen
+    )
     eval_loss = make_eval_loss(model)
     greedy_decode = make_greedy_decode(model)
 
@@ -371,8 +401,9 @@ def train(
 
     params = state.params
     if export_path is not None:
-        embedded.save_params(params, export_path, export_dtype)
-        params = embedded.load_params(path=export_path)
+        trained = {k: v for k, v in params.items() if k not in frozen}
+        embedded.save_params(trained, export_path, export_dtype)
+        params = {**embedded.load_params(path=export_path), **{k: params[k] for k in frozen}}
     final = {**evaluate(params, step), "num_steps": step, "train_wall_s": elapsed_s}
     if test_data is not None:
         test_pairs = list(test_data[:num_test_examples])

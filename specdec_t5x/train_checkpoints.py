@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -60,6 +60,7 @@ def export_checkpoint(
     export_path: str | os.PathLike,
     step: int | None = None,
     export_dtype: Any = jnp.bfloat16,
+    exclude: Sequence[str] = (),
 ) -> tuple[pathlib.Path, int]:
     """Writes the parameters of one of `train`'s orbax checkpoints as an embedded params file.
 
@@ -72,6 +73,8 @@ def export_checkpoint(
       export_path: msgpack file to write (`embedded.save_params`).
       step: which checkpoint; None = the latest.
       export_dtype: storage dtype of floating leaves (bfloat16 halves the size of float32).
+      exclude: top-level subtrees left out (as `train(frozen_params=...)` leaves the frozen
+        target encoder of a `network.TargetEncoderTransformer` draft out of its export).
 
     Returns:
       (path written, step exported).
@@ -96,4 +99,5 @@ def export_checkpoint(
         manager.close()
     state = restored["state"]
     params = state["params"] if isinstance(state, Mapping) else state[1]
+    params = {k: v for k, v in params.items() if k not in exclude}
     return embedded.save_params(params, export_path, export_dtype), int(step)

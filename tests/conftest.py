@@ -24,6 +24,16 @@ TINY = dict(
 )
 
 
+@pytest.fixture
+def clean_gin():
+    """A gin configuration cleared before and after the test."""
+    import gin
+
+    gin.clear_config(clear_constants=True)
+    yield
+    gin.clear_config(clear_constants=True)
+
+
 def tiny_config(vocab_size=32, **overrides) -> network.T5Config:
     return network.T5Config(vocab_size=vocab_size, **{**TINY, **overrides})
 
