@@ -245,7 +245,8 @@ def paired_ratio(numerator_ms: Sequence[float], denominator_ms: Sequence[float])
         )
     if min(denominator_ms) <= 0:
         raise ValueError(f"paired_ratio needs positive denominators; got {min(denominator_ms)}.")
-    return float(statistics.median(a / b for a, b in zip(numerator_ms, denominator_ms)))
+    ratios = [a / b for a, b in zip(numerator_ms, denominator_ms, strict=True)]
+    return float(statistics.median(ratios))
 
 
 def looped_steps(step: Callable[..., Any], steps_per_call: int) -> Callable[..., Any]:

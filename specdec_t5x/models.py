@@ -301,9 +301,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
             return target, self.draft.prepare(draft_params, encoder_input_tokens, max_decode_len)
         params = self.pack_params(params)
         encoded = steps.encode(self.module, params, encoder_input_tokens)
-        cache = steps.init_cache(
-            self.module, params, encoded, encoder_input_tokens, max_decode_len
-        )
+        cache = steps.init_cache(self.module, params, encoded, encoder_input_tokens, max_decode_len)
         target = cache, steps.make_block_step(self.module, params, encoder_input_tokens)
         draft = self.draft.prepare(draft_params, encoder_input_tokens, max_decode_len, encoded)
         return target, draft

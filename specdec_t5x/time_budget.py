@@ -66,9 +66,7 @@ def measure_setup_ms(
     if getattr(spec_model.draft, "shares_target_encoder", False):
         # The draft's set-up is its cache from the target's encoder output (computed anyway).
         encoded = jax.jit(lambda tp, e: steps.encode(spec_model.module, tp, e))(target_params, enc)
-        draft = jax.jit(
-            lambda dp, e, x: spec_model.draft.prepare(dp, e, max_decode_len, x)[0]
-        )
+        draft = jax.jit(lambda dp, e, x: spec_model.draft.prepare(dp, e, max_decode_len, x)[0])
         draft_call = lambda: draft(draft_params, enc, encoded)  # noqa: E731
     else:
         draft = jax.jit(lambda dp, e: spec_model.draft.prepare(dp, e, max_decode_len)[0])
@@ -470,9 +468,7 @@ def measure_iteration_ms(
 
         return jax.lax.fori_loop(0, steps_per_call, body, (dc, tc, jnp.float32(0)))[2]
 
-    setup = jax.jit(
-        lambda tp, dp, e: tuple(state[0] for state in spec_model.states(tp, dp, e, L))
-    )
+    setup = jax.jit(lambda tp, dp, e: tuple(state[0] for state in spec_model.states(tp, dp, e, L)))
     calls = {
         "loop": lambda: run(target_params, draft_params, enc),
         "setup": lambda: setup(target_params, draft_params, enc),

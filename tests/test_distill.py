@@ -240,7 +240,6 @@ def test_train_on_policy_runs_logs_alpha_and_resumes(tmp_path, tiny_target):
         assert all(0.0 <= r[k] <= 1.0 for k in r if k.startswith("alpha_"))
 
 
-
 def test_distill_gin_binds_draft_target_and_params_path(clean_gin, tmp_path):
     import gin
 

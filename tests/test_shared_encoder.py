@@ -134,9 +134,7 @@ def test_mapped_cross_attention_reads_the_target_encoding_as_the_old_read_the_ma
     encoded = steps.encode(target, tp, enc)
 
     def decode(m, params, x):
-        return m.apply(
-            {"params": params}, x, enc, dec, dec, enable_dropout=False, method=m.decode
-        )
+        return m.apply({"params": params}, x, enc, dec, dec, enable_dropout=False, method=m.decode)
 
     np.testing.assert_allclose(
         decode(module, own, encoded), decode(old_module, old, encoded @ a), rtol=1e-4, atol=1e-5
@@ -145,16 +143,16 @@ def test_mapped_cross_attention_reads_the_target_encoding_as_the_old_read_the_ma
         shared_encoder.map_cross_attention(old, a[:, :4])
 
 
-def test_training_keeps_the_target_encoder_frozen_and_exports_the_draft_only(
-    tmp_path, tiny_target
-):
+def test_training_keeps_the_target_encoder_frozen_and_exports_the_draft_only(tmp_path, tiny_target):
     target, tp = tiny_target
     module, own = te_draft(target)
     full = drafts.with_target_encoder(own, tp)
     common = dict(
         run_dir=tmp_path / "run",
         batch_size=4,
-        optimizer=train.make_optimizer("adamw", 3e-3, warmup_steps=1, num_steps=4, weight_decay=0.1),
+        optimizer=train.make_optimizer(
+            "adamw", 3e-3, warmup_steps=1, num_steps=4, weight_decay=0.1
+        ),
         vocabulary=DigitVocabulary(),
         max_input_len=16,
         max_target_len=8,
@@ -188,7 +186,9 @@ def test_training_keeps_the_target_encoder_frozen_and_exports_the_draft_only(
     moved = jax.tree_util.tree_map(lambda a, b: float(jnp.max(jnp.abs(a - b))), exported, own)
     assert max(jax.tree_util.tree_leaves(moved)) > 0  # the draft trained
     # The checkpoint's encoder is the target's, untouched (weight decay 0.1 would move it).
-    path, _ = train.export_checkpoint(tmp_path / "run", tmp_path / "ckpt.msgpack", None, jnp.float32)
+    path, _ = train.export_checkpoint(
+        tmp_path / "run", tmp_path / "ckpt.msgpack", None, jnp.float32
+    )
     ckpt = embedded.load_params(path=path)
     for mine, theirs in drafts.TARGET_ENCODER_SUBTREES.items():
         jax.tree_util.tree_map(np.testing.assert_array_equal, ckpt[mine], tp[theirs])
@@ -200,7 +200,6 @@ def test_training_keeps_the_target_encoder_frozen_and_exports_the_draft_only(
     assert any("alpha_draft_t0" in r for r in records)
 
 
-
 def test_gin_model_file_builds_a_sharing_draft_and_its_training_tree(clean_gin, tmp_path):
     from specdec_t5x import accelerator_bench, gin_utils
 
@@ -209,14 +208,18 @@ def test_gin_model_file_builds_a_sharing_draft_and_its_training_tree(clean_gin, 
         accelerator_bench.EMBEDDED["embedded_ende_draft"], encoder_config=target.config
     )
     shapes = jax.eval_shape(lambda: init_params(module, 0))
-    own = drafts.draft_subtrees(jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes))
+    own = drafts.draft_subtrees(
+        jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+    )
     path = embedded.save_params(own, tmp_path / "te" / "params.msgpack")
     files = ["models/embedded_ende_target.gin", "models/embedded_ende_draft_te.gin"]
     bindings = [f"DRAFT_PARAMS_PATH = '{path}'", "VOCABULARY = None"]
     bindings += ["gin_utils.build.obj = (%DRAFT, %DRAFT_PARAMS, %DRAFT_MODEL, %TARGET_PARAMS)"]
     gin_utils.parse(files, bindings, finalize=False)
     draft, full, draft_model, tp = gin_utils.build()
-    assert draft.shares_target_encoder and isinstance(draft.module, network.TargetEncoderTransformer)
+    assert draft.shares_target_encoder and isinstance(
+        draft.module, network.TargetEncoderTransformer
+    )
     assert sorted(draft.params) == ["decoder", "token_embedder"]  # no copy of the encoder
     assert sorted(full) == ["decoder", "encoder", "encoder_token_embedder", "token_embedder"]
     jax.tree_util.tree_map(np.testing.assert_array_equal, full["encoder"], tp["encoder"])

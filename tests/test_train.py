@@ -158,7 +158,6 @@ def test_train_lowers_loss_and_resumes(tmp_path):
         train.export_checkpoint(tmp_path / "nowhere", tmp_path / "x.msgpack")
 
 
-
 RUN = ["RUN_DIR = '/tmp/unused'", "NUM_STEPS = 10", "VOCABULARY = None"]  # no seqio import
 
 
