@@ -33,7 +33,8 @@ def test_tree_holds_the_targets_encoder_and_the_drafts_decoder(tiny_target):
     assert sorted(full) == ["decoder", "encoder", "encoder_token_embedder", "token_embedder"]
     assert full["encoder"] is tp["encoder"]  # shared leaves, not a copy
     enc = jnp.asarray([[5, 6, 7, 1, 0]], jnp.int32)
-    np.testing.assert_array_equal(steps.encode(module, full, enc), steps.encode(target, tp, enc))
+    encode = jax.jit(steps.encode, static_argnums=0)
+    np.testing.assert_array_equal(encode(module, full, enc), encode(target, tp, enc))
     with pytest.raises(KeyError, match="lack"):
         drafts.with_target_encoder(own, {"decoder": tp["decoder"]})
 
@@ -65,16 +66,19 @@ def test_shared_setup_equals_the_drafts_own_encoder_pass(tiny_target):
     (tc, ts), (dc, ds) = shared.states(tp, own, enc, 8)
     dc2, ds2 = alone.draft_state(tp, drafts.with_target_encoder(own, tp), enc, 8)
     tokens, pos = jnp.asarray([[0, 4], [0, 9]], jnp.int32), jnp.zeros((2,), jnp.int32)
-    np.testing.assert_array_equal(ds(tokens, pos, dc)[0], ds2(tokens, pos, dc2)[0])
+    np.testing.assert_array_equal(
+        jax.jit(ds)(tokens, pos, dc)[0], jax.jit(ds2)(tokens, pos, dc2)[0]
+    )
     tc2, ts2 = shared.decoder_state(tp, enc, 8)
-    np.testing.assert_array_equal(ts(tokens, pos, tc)[0], ts2(tokens, pos, tc2)[0])
+    np.testing.assert_array_equal(
+        jax.jit(ts)(tokens, pos, tc)[0], jax.jit(ts2)(tokens, pos, tc2)[0]
+    )
     # The eval job's set-up timing takes the shared path (no encoder pass of the draft's own).
-    setup = time_budget.measure_setup_ms(shared, tp, own, enc, 8, repeats=2)
+    setup = time_budget.measure_setup_ms(shared, tp, own, enc, 8, repeats=1)
     assert setup["draft_setup_ms"] > 0 and setup["target_setup_ms"] > 0
 
 
-@pytest.mark.parametrize("gamma", [1, 3, 6])
-def test_argmax_mode_equals_the_targets_greedy_output(tiny_target, gamma):
+def test_argmax_mode_equals_the_targets_greedy_output(tiny_target, gamma=3):
     target, tp = tiny_target
     module, own = te_draft(target)
     spec = models.SpeculativeEncoderDecoderModel(
