@@ -74,8 +74,9 @@ def distillation_loss(
     distill_weight: float | Array,
     kind: str = "fkl",
     xent_weight: float | Array | None = None,
+    target_temperature: float = 1.0,
 ) -> tuple[Array, dict[str, Array]]:
-    """`xent_weight * CE(labels) + distill_weight * D(p || q)` (+ z-loss) per weighted token.
+    """`xent_weight * CE(labels) + distill_weight * D(p_τ || q)` (+ z-loss) per weighted token.
 
     Args:
       model: the draft being trained (q); its label smoothing, z-loss and loss normaliser apply.
@@ -87,6 +88,9 @@ def distillation_loss(
       distill_weight: w of the divergence term (float or float32 []).
       kind: the divergence (`divergence`).
       xent_weight: weight of the cross-entropy on `decoder_target_tokens`; default 1 - w.
+      target_temperature: τ > 0; the divergence is taken against p_τ = softmax(logits_p / τ).
+        τ < 1 sharpens the target toward its argmax: as τ -> 0, TVD(p_τ, q) -> 1 - q(argmax p),
+        the draft's miss rate in argmax mode (α at T = 0). The metrics below use p itself.
 
     Returns:
       (loss float32 [], metrics float32 []: `loss`, `xent`, `divergence`, `kl` (forward KL),
@@ -98,10 +102,17 @@ def distillation_loss(
         xent_weight = 1.0 - distill_weight
     q_logits = model.logits(params, batch, dropout_rng)  # [b, L, V]
     xent, z, weights, norm = model.token_losses(q_logits, batch)
+    if not target_temperature > 0:
+        raise ValueError(f"target_temperature must be > 0; got {target_temperature!r}.")
     p_logits = jax.lax.stop_gradient(target_logits)
     q_log_probs = jax.nn.log_softmax(q_logits, axis=-1)
     p_log_probs = jax.nn.log_softmax(p_logits, axis=-1)
-    div = divergence(kind, p_log_probs, q_log_probs)  # [b, L]
+    p_tau = (
+        p_log_probs
+        if target_temperature == 1.0
+        else jax.nn.log_softmax(p_logits / target_temperature, axis=-1)
+    )
+    div = divergence(kind, p_tau, q_log_probs)  # [b, L]
     num_tokens = jnp.maximum(jnp.sum(weights), 1.0)
 
     def mean(x):

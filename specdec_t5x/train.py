@@ -128,6 +128,7 @@ def make_train_step(
     distill_from: models.EncoderDecoderModel | None = None,
     divergence: str = "fkl",
     frozen: Sequence[str] = (),
+    target_temperature: float = 1.0,
 ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
     """Jitted `step(state, batch, rng, distill_params, loss_weights) -> (state, metrics)`.
 
@@ -158,6 +159,7 @@ def make_train_step(
                 loss_weights[1],
                 divergence,
                 xent_weight=loss_weights[0],
+                target_temperature=target_temperature,
             )
         fixed = {k: v for k, v in state.params.items() if k in frozen}
         trained = {k: v for k, v in state.params.items() if k not in frozen}
@@ -221,6 +223,7 @@ def train(
     distill_params: Any = None,
     distill_weight: float = 0.5,
     distill_divergence: str = "fkl",
+    distill_target_temperature: float = 1.0,
     distill_mixture: Mapping[str, float] | None = None,
     distill_temperatures: Sequence[float] = (0.0, 1.0),
     regenerate_every: int = 100,
@@ -263,6 +266,8 @@ def train(
       distill_weight: w of the divergence term on ground-truth batches (generated batches: 1,
         with no cross-entropy term).
       distill_divergence: `'fkl'`, `'rkl'`, `'tvd'` or `'jsd'` (`distill.divergence`).
+      distill_target_temperature: τ of the target distribution the divergence is taken against
+        (`distill.distillation_loss`; < 1 sharpens it toward its argmax, for argmax-mode α).
       distill_mixture: fractions of ground-truth (`'data'`), draft-generated (`'draft'`,
         on-policy) and target-generated (`'target'`) batches; default all ground truth.
       distill_temperatures: temperatures generated batches are sampled at (0: greedy).
@@ -351,7 +356,13 @@ def train(
     checkpoints = train_checkpoints.TrainCheckpoints(run_dir / "checkpoints", keep_checkpoints)
     state, elapsed_s = checkpoints.restore(state, stream)
     train_step = make_train_step(
-        model, optimizer, dropout, distill_from, distill_divergence, frozen
+        model,
+        optimizer,
+        dropout,
+        distill_from,
+        distill_divergence,
+        frozen,
+        distill_target_temperature,
     )
     eval_loss = make_eval_loss(model)
     greedy_decode = make_greedy_decode(model)

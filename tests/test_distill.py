@@ -165,6 +165,32 @@ def test_gradient_flows_only_into_the_draft(copy_setup, tiny_target):
         assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g_draft)) > 0.0
 
 
+def test_sharpened_target_turns_tvd_into_the_argmax_miss_rate(copy_setup, tiny_target):
+    """τ -> 0: TVD(p_τ, q) -> 1 - q(argmax p) per token; τ = 1 is the plain loss; metrics use p."""
+    examples, draft = copy_setup
+    target = models.EncoderDecoderModel(tiny_target[0])
+    batch = packing.make_batch(examples, [[0, 1], [2, 3]], 16, 16)
+    draft_params = init_params(draft.module, 2)
+    p_logits = target.logits(tiny_target[1], batch) * 5.0  # distinct maxima
+    q_probs = jax.nn.softmax(draft.logits(draft_params, batch), -1)
+
+    def run(tau):
+        return distill.distillation_loss(
+            draft, draft_params, p_logits, batch, None, 1.0, "tvd", 0.0, target_temperature=tau
+        )[1]
+
+    sharp, plain = run(1e-4), run(1.0)
+    weights = batch["decoder_loss_weights"]
+    hit = jnp.take_along_axis(q_probs, jnp.argmax(p_logits, -1)[..., None], -1)[..., 0]
+    miss = float(jnp.sum((1.0 - hit) * weights) / jnp.sum(weights))
+    assert float(sharp["divergence"]) == pytest.approx(miss, rel=1e-4)
+    assert float(plain["divergence"]) == pytest.approx(1.0 - float(plain["alpha"]), rel=1e-5)
+    assert float(plain["divergence"]) != pytest.approx(miss, rel=1e-2)
+    assert float(sharp["alpha"]) == float(plain["alpha"])
+    with pytest.raises(ValueError, match="target_temperature"):
+        run(0.0)
+
+
 def test_distillation_loss_shares_loss_fn_cross_entropy(copy_setup, tiny_target):
     """Label smoothing, z-loss and the loss normaliser of the model apply to the CE term."""
     examples, _ = copy_setup
