@@ -130,13 +130,16 @@ def test_experiment_outputs_go_to_untracked_runs_folder():
                 assert line.split("=", 1)[1].strip().startswith("'runs/"), (path.name, line)
 
 
-@pytest.mark.parametrize("name", ["embedded_ende_draft.gin", "embedded_sum_draft.gin"])
+@pytest.mark.parametrize(
+    "name", ["embedded_ende_draft.gin", "embedded_sum_draft.gin", "embedded_sum_draft_te.gin"]
+)
 def test_embedded_drafts_hold_bfloat16_cpu_weights_unless_asked_for_float32(name):
     from specdec_t5x import cpu_kernel
 
     if cpu_kernel.disabled_reason():
         pytest.skip(f"CPU kernel off here: {cpu_kernel.disabled_reason()}")
-    files = ["gin/models/embedded_common.gin", f"gin/models/{name}"]
+    target = "gin/models/embedded_sum_target.gin"  # the target-encoder draft names its encoder
+    files = ["gin/models/embedded_common.gin", target, f"gin/models/{name}"]
     assert cpu_kernel.packed_weight_dtype(build(files, what="%DRAFT").params) == "bfloat16"
     gin.clear_config(clear_constants=True)
     f32 = build(files, ["DRAFT_CPU_WEIGHT_DTYPE = 'float32'"], what="%DRAFT")
