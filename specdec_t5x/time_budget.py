@@ -328,13 +328,17 @@ def eval_time_budget(
     loop = measure_loop_ms(enc.shape[0], vocab, L, gamma, settings, spec_model.eos_id, repeats)
     counts = per_call_counts(runs, gamma, spec_model.eos_id, rows_per_call)
     costs = metrics["step_costs"]
+    # The draft's and the verify call's costs as the target's median step times the measured
+    # (paired, `benchmark.paired_ratio`) c and verify ratio, so that the ladder's first rung is
+    # Thm 3.8 with the measured verify cost exactly.
+    target_ms = costs["target_step_ms"]
     model = dict(
         gamma=gamma,
         num_calls=len(rows_per_call),
         baseline_tokens=counts["baseline_tokens"],
-        target_step_ms=costs["target_step_ms"],
-        draft_step_ms=costs["draft_step_ms"],
-        verify_step_ms=costs["verify_step_ms"],
+        target_step_ms=target_ms,
+        draft_step_ms=target_ms * costs["c"],
+        verify_step_ms=target_ms * costs["verify_cost_ratio"],
         setup=setup,
         loop=loop,
     )
