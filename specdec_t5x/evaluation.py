@@ -403,6 +403,8 @@ def evaluate(
         _add_auto_row(metrics, runs, choices, gamma == "auto", quality_args)
         # The calibrated cost curve auto chose from (ms; `cost_curve.CostCurve.to_dict`).
         metrics["auto"]["cost_curve"] = auto_decoder.controller.curve.to_dict()
+        # Per call, in order: γ, why it was chosen, its prediction, wall ms, tokens, iterations.
+        metrics["auto"]["calls"] = auto_decoder.controller.history
     inputs = eval_inputs.pad_rows([e["inputs"] for e in examples], input_len)
     near_ties = []
     if sampling_settings.greedy:

@@ -112,6 +112,21 @@ class GammaController:
     whose speed-up stays below 1 even at its upper bound (· (1 + `refute_z` · se)) is not chosen
     again (`refuted`): optimism about α cannot outvote what that γ's own calls showed.
 
+    Confirmed γ (the converse): a γ whose own calls pay even at their speed-up's lower bound (·
+    (1 − `refute_z` · se) > 1) is chosen when no prediction clears the margin (`confirmed`; the
+    confirmed γ with the highest measured speed-up). The margin guards against the model's error;
+    a speed-up measured on the run's own calls has no model error to guard against (the failure
+    this prevents: session 12, Table 2 En→De at T = 0, γ = 2 predicted 1.02 on a slow VM phase
+    while the same run's fixed γ = 2 read 1.12×, and auto ran the baseline on 41 of 100 calls,
+    0.93 of the best fixed γ).
+
+    Re-timing speculation while off: once off, speculation is never measured again, while the
+    machine drifts (the VM has slow and fast phases). So while off with the best γ predicted
+    above `retime_min_predicted` (0.95: near break-even, within the model's error), every
+    `speculate_every`-th call runs that γ instead, and its timing updates ρ_s, the refutation and
+    the confirmation. A call that truly loses costs its loss (≤ 5 % at the threshold) once per
+    `speculate_every` calls (≤ 0.6 % of the run at 8); a γ refuted by these calls is not retried.
+
     Attributes:
       curve: the measured `CostCurve`.
       prior_alpha: α used before any β was measured (None: probe with γ = 1).
@@ -140,10 +155,17 @@ class GammaController:
       measured_ms, modelled_ms: {'baseline' | 'speculative' | γ: Σ wall ms, Σ modelled ms} (γ:
         that γ's speculative calls alone).
       calls_since_baseline: calls since the baseline was last timed.
+      speculate_every: while off near break-even, re-time the best γ every n-th call (0: never).
+      retime_min_predicted: ... when its predicted speed-up is above this (near break-even).
+      calls_since_speculative: calls since γ > 0 last ran.
       baseline_ratio_sum, baseline_ratio_sq_sum: Σ and Σ² of measured / modelled per baseline
         call (s_b).
       longest_tokens, calls: Σ longest-row tokens and the number of observed calls (L).
       counted_iterations, expected_iterations: Σ over speculative calls (η).
+      history: one record per observed call: {'gamma', 'reason' ('probe', 'time_baseline',
+        'retime_baseline', 'best', 'confirmed', 'explore', 'retime_speculative', 'off'), 'predicted' (that γ's prediction or None),
+        'alpha' (α̂ at the choice), 'ms' (wall ms), 'longest_tokens', 'iterations'}.
+      last_choice: what the last `choose` decided ({'reason', 'alpha', 'predicted'}).
     """
 
     curve: cost_curve.CostCurve
@@ -178,8 +200,13 @@ class GammaController:
     counted_iterations: float = 0.0
     expected_iterations: float = 0.0
     calls_since_baseline: int = 0
+    speculate_every: int = 8
+    retime_min_predicted: float = 0.95
+    calls_since_speculative: int = 0
     baseline_ratio_sum: float = 0.0
     baseline_ratio_sq_sum: float = 0.0
+    history: list = dataclasses.field(default_factory=list)
+    last_choice: dict = dataclasses.field(default_factory=dict)
 
     @property
     def alpha(self) -> float | None:
@@ -237,9 +264,11 @@ class GammaController:
 
     def choose(self) -> tuple[int, float | None]:
         """(γ, its predicted speedup): the best γ if its prediction exceeds `min_speedup`; else the
-        γ best at the optimistic α if that one's optimistic prediction does and the exploration
-        budget (`max_explore_calls`) is not spent; else 0 ("off"). (1, None) to probe. A
-        `refuted` γ is never chosen.
+        `confirmed` γ with the highest measured speed-up; else the γ best at the optimistic α if
+        that one's optimistic prediction does and the exploration budget (`max_explore_calls`) is
+        not spent; else 0 ("off"), except that every `speculate_every`-th call while off runs the
+        best γ when its prediction is above `retime_min_predicted`. (1, None) to probe. A
+        `refuted` γ is never chosen. `last_choice['reason']` says which rule decided.
 
         After γ > 0 was timed `min_timed_calls` times, the baseline is chosen until it is timed
         as often; afterwards, while speculating, every `baseline_every`-th call re-times the
@@ -249,27 +278,45 @@ class GammaController:
         self.exploring = False
         alpha = self.alpha
         if alpha is None:
-            return 1, None
+            return self._chose(1, None, "probe")
         if self._timed(True) and not self._timed(False):
-            return 0, None  # time the baseline before trusting the prediction
+            return self._chose(0, None, "time_baseline")  # before trusting the prediction
         candidates = [g for g in range(1, self.curve.gamma_max + 1) if not self.refuted(g)]
         predicted = self.predictions(alpha)
         # Ties: the smaller γ.
         best = max(candidates, key=lambda g: (predicted[g], -g), default=0)
-        explore = False
+        explore, reason = False, "off"
+        confirmed = {g: m[0] for g in candidates if (m := self.confirmed(g)) is not None}
         if best and predicted[best] > self.min_speedup:
-            choice = best, predicted[best]
+            choice, reason = (best, predicted[best]), "best"
+        elif confirmed:  # its own calls pay: measurement outranks the model's margin
+            gamma = max(confirmed, key=lambda g: (confirmed[g], -g))
+            choice, reason = (gamma, predicted[gamma]), "confirmed"
         elif candidates and self.explore_calls < self.max_explore_calls:
             optimistic = self.predictions(self.optimistic_alpha)
             gamma = max(candidates, key=lambda g: (optimistic[g], -g))
             explore = optimistic[gamma] > self.min_speedup
             choice = (gamma, predicted[gamma]) if explore else (0, 1.0)
+            reason = "explore" if explore else "off"
         else:
             choice = 0, 1.0
+        if (
+            choice[0] == 0
+            and best
+            and predicted[best] > self.retime_min_predicted
+            and self.speculate_every
+            and self.calls_since_speculative + 1 >= self.speculate_every
+        ):  # off near break-even: re-time the best γ now and then (the machine drifts)
+            return self._chose(best, predicted[best], "retime_speculative")
         if choice[0] > 0 and self._timed(False) and self._retime(choice[1]):
-            return 0, None  # re-time the baseline (ρ_b from calls spread over the run)
+            # re-time the baseline (ρ_b from calls spread over the run)
+            return self._chose(0, None, "retime_baseline")
         self.exploring = explore
-        return choice
+        return self._chose(*choice, reason)
+
+    def _chose(self, gamma: int, predicted: float | None, reason: str) -> tuple[int, float | None]:
+        self.last_choice = {"reason": reason, "alpha": self.alpha, "predicted": predicted}
+        return gamma, predicted
 
     def measured_speedup(self, gamma: int) -> tuple[float, float] | None:
         """(speed-up, its relative standard error) of γ's own timed calls, None before
@@ -290,6 +337,14 @@ class GammaController:
         se = float(np.sqrt(var / n + (mean * se_b) ** 2) / mean)
         rho_b = self.corrections()["baseline"]
         return float(rho_b * base_ms / self.measured_ms[gamma]), se
+
+    def confirmed(self, gamma: int) -> tuple[float, float] | None:
+        """γ's `measured_speedup` if its own calls pay even at its lower bound (· (1 −
+        `refute_z` · se) > 1; see the class), else None."""
+        measured = self.measured_speedup(gamma)
+        if measured is None or measured[0] * (1 - self.refute_z * measured[1]) <= 1.0:
+            return None
+        return measured
 
     def refuted(self, gamma: int) -> bool:
         """Whether γ's own calls lose even at their speed-up's upper bound (see the class)."""
@@ -386,6 +441,7 @@ class GammaController:
             self.measured_ms[key] = self.measured_ms.get(key, 0.0) + 1e3 * float(seconds)
             self.modelled_ms[key] = self.modelled_ms.get(key, 0.0) + modelled
         self.calls_since_baseline = 0 if gamma == 0 else self.calls_since_baseline + 1
+        self.calls_since_speculative = 0 if gamma > 0 else self.calls_since_speculative + 1
         if gamma == 0 and modelled > 0:
             ratio = 1e3 * float(seconds) / modelled
             self.baseline_ratio_sum += ratio
@@ -400,6 +456,17 @@ class GammaController:
             terms[3] += r * r
         if gamma > 0 and self.exploring:
             self.explore_calls += 1  # the call `choose` explored with
+        choice = self.last_choice or {"reason": None, "alpha": None, "predicted": None}
+        self.history.append(
+            {
+                "gamma": int(gamma),
+                **choice,
+                "ms": 1e3 * float(seconds),
+                "longest_tokens": int(longest_tokens),
+                "iterations": None if iterations is None else int(iterations),
+            }
+        )
+        self.last_choice = {}
         self.exploring = False
         self.timed_calls[gamma] = self.timed_calls.get(gamma, 0) + 1
         self.longest_tokens += int(longest_tokens)

@@ -112,6 +112,10 @@ def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path)
     auto = metrics["auto"]
     assert sum(auto["gamma_chosen"].values()) == 2 and auto["gamma_chosen"].get("1", 0) >= 1
     assert auto["best_fixed_gamma"] == 1 and auto["speedup"] > 0
+    # One record per call, in order: the first probes with γ = 1 (batch 1: one call per example).
+    calls = auto["calls"]
+    assert [c["gamma"] for c in calls] == [1, calls[1]["gamma"]] and calls[0]["reason"] == "probe"
+    assert all(c["ms"] > 0 and c["longest_tokens"] >= 1 for c in calls)
     low, high = auto["speedup_interval"]
     assert low <= auto["speedup"] <= high and len(auto["auto_over_best_fixed_interval"]) == 2
     assert metrics["compilations_during_timing"] == 0  # each γ compiled before its timed call

@@ -428,8 +428,15 @@ def test_exploration_is_bounded_by_a_budget_of_calls():
     kept γ = 2 exploring for 25 of 100 calls (0.96×). Exploring spends at most
     `max_explore_calls` calls; calls chosen at α̂ itself are not limited."""
     c = curve(draft_ms=1.0, verify_growth=1.0)
-    # A margin that never closes and no refutation: only the budget ends the exploring.
-    kw = dict(alpha_spread=2.0, spread_prior_calls=1e6, baseline_every=0, refute_min_calls=10**9)
+    # A margin that never closes, no refutation and no re-timing while off: only the budget ends
+    # the exploring.
+    kw = dict(
+        alpha_spread=2.0,
+        spread_prior_calls=1e6,
+        baseline_every=0,
+        refute_min_calls=10**9,
+        speculate_every=0,
+    )
     bounded = gamma_control.GammaController(c, max_explore_calls=12, **kw)
     seen = _explore_world(bounded, c, loss=1.05)
     # The probe, 12 explored calls, and a few γ whose point prediction was still above the margin
@@ -554,3 +561,84 @@ def test_calibration_smooths_the_per_gamma_scatter_by_a_line_in_gamma():
     assert medians[4] < cal.call_scale[4] < 1.0  # pulled toward the trend (~0.95), not to 1
     assert cal.call_scale[1] > cal.call_scale[4]  # the trend itself is kept
     assert cal.call_scale[0] == pytest.approx(1.0)  # the baseline keeps its own median
+
+
+def _drift_world(controller, c, factor, calls=140, tokens=30, alpha=0.6, spread=0.15):
+    """Speculative call i costs factor(i) × its model × (1 ± spread, alternating over the
+    speculative calls); the baseline call its model (± 2 %). Returns the γ chosen per call."""
+    seen, k = [], 0
+    for i in range(calls):
+        g, _ = controller.choose()
+        seen.append(g)
+        if g == 0:
+            noise = 1.02 if i % 2 else 0.98
+            controller.observe(0, noise * c.baseline_call_ms(tokens) / 1e3, tokens)
+            continue
+        noise, k = (1 + spread if k % 2 else 1 - spread), k + 1
+        iterations = tokens / theory.expected_tokens_per_iteration(alpha, g)
+        controller.update(_stats(alpha))
+        ms = noise * factor(i) * c.speculative_call_ms(g, iterations)
+        controller.observe(g, ms / 1e3, tokens, iterations)
+    return seen
+
+
+def test_a_gamma_whose_own_calls_pay_is_chosen_below_the_margin():
+    """Session 12, Table 2 En→De T = 0: γ = 2 predicted 1.02 (< the 1.04 margin) on a slow VM
+    phase while fixed γ = 2 read 1.12×; auto ran the baseline on 41 of 100 calls. A γ whose own
+    calls pay at their lower bound is chosen whatever the prediction."""
+    c = curve(draft_ms=1.0, verify_growth=0.5)
+    # No prediction clears this margin, no exploring, no re-timing: only confirmation can speculate.
+    kw = dict(
+        prior_alpha=0.6, min_speedup=10.0, max_explore_calls=0, baseline_every=0, speculate_every=0
+    )
+    iterations = 30 / theory.expected_tokens_per_iteration(0.6, 2)
+
+    def controller(speedup, spread, calls=10):
+        ctrl = gamma_control.GammaController(c, **kw)
+        for i in range(4):
+            ctrl.observe(0, (1.02 if i % 2 else 0.98) * c.baseline_call_ms(30) / 1e3, 30)
+        for i in range(calls):
+            noise = 1 + spread if i % 2 else 1 - spread
+            ctrl.observe(2, noise * c.baseline_call_ms(30) / speedup / 1e3, 30, iterations)
+        return ctrl
+
+    paying = controller(1.10, 0.05)
+    speedup, se = paying.measured_speedup(2)
+    assert speedup == pytest.approx(1.10, rel=0.01) and 0 < se < 0.03
+    assert paying.confirmed(2) == (speedup, se) and paying.confirmed(3) is None
+    gamma, predicted = paying.choose()
+    assert gamma == 2 and predicted == paying.predictions(0.6)[2] and predicted < 10.0
+    assert paying.last_choice["reason"] == "confirmed"
+    # Too noisy to be sure (lower bound below 1), losing, or too few calls: off.
+    for ctrl in (controller(1.10, 0.6), controller(0.98, 0.05), controller(1.10, 0.05, calls=2)):
+        assert not any(ctrl.confirmed(g) for g in range(1, 7))
+        assert ctrl.choose() == (0, 1.0) and ctrl.last_choice["reason"] == "off"
+    # Two confirmed γ: the one whose calls paid more.
+    both = controller(1.10, 0.05)
+    for i in range(10):
+        noise = 1.05 if i % 2 else 0.95
+        both.observe(3, noise * c.baseline_call_ms(30) / 1.2 / 1e3, 30, iterations)
+    assert both.choose()[0] == 3
+
+
+def test_speculation_is_retimed_while_off_and_comes_back_when_the_machine_speeds_up():
+    """The VM drifts between slow and fast phases; once off, speculation was never measured
+    again. While off near break-even, every speculate_every-th call re-times the best γ."""
+    c = curve(draft_ms=1.0, verify_growth=0.5)
+    # 40 calls where speculation costs 1.46x its model (about break-even: off), then 100 where it
+    # costs 1.3x (γ = 3 pays ~1.15x).
+    phases = lambda i: 1.46 if i < 40 else 1.3  # noqa: E731
+    retiming = gamma_control.GammaController(c, speculate_every=8)
+    seen = _drift_world(retiming, c, phases)
+    assert seen[25:40].count(0) >= 12  # off in the slow phase, a re-timing per 8 calls
+    assert sum(g > 0 for g in seen[-50:]) >= 45  # back on in the fast phase
+    reasons = [h["reason"] for h in retiming.history]
+    assert "retime_speculative" in reasons[20:100]
+    never = gamma_control.GammaController(c, speculate_every=0)
+    assert _drift_world(never, c, phases)[-100:] == [0] * 100
+    # A γ that clearly loses (predicted below retime_min_predicted) is not re-timed.
+    losing = gamma_control.GammaController(c, speculate_every=8)
+    assert _drift_world(losing, c, lambda i: 1.7)[-100:] == [0] * 100
+    # At break-even the re-timings cost one call in speculate_every.
+    even = gamma_control.GammaController(c, speculate_every=8)
+    assert 10 <= sum(g > 0 for g in _drift_world(even, c, lambda i: 1.5)[40:]) <= 100 // 8 + 1
