@@ -53,7 +53,11 @@ class GammaController:
       modelled with its own counts (baseline: its longest row's tokens; speculative: its counted
       iterations) — what the component model misses (e.g. cache copies in the loop carry);
     * η: counted iterations / (longest row's tokens / E(α, γ)) over the speculative calls (α varies
-      per example, EOS cuts blocks, a batch waits for its slowest row).
+      per example, EOS cuts blocks, a batch waits for its slowest row), kept per γ and shrunk
+      toward the pooled η like ρ_s (`iterations_correction`): EOS cuts a long block more than a
+      short one, so η grows with γ on short outputs (session 13, Table 3 summarization at T = 1,
+      ~10-token synopses: η 1.05 at γ = 3, 1.22 at γ = 6), and a pooled η dominated by one γ's
+      calls mispredicts the others (there: γ = 6 on 72 of 100 calls, 0.945 of fixed γ = 3).
 
     Each correction is 1 until `min_timed_calls` calls of its kind were timed. Probing: γ = 1 while
     α is unknown, then γ = 0 until the baseline is timed `min_timed_calls` times (the baseline
@@ -162,6 +166,7 @@ class GammaController:
         call (s_b).
       longest_tokens, calls: Σ longest-row tokens and the number of observed calls (L).
       counted_iterations, expected_iterations: Σ over speculative calls (η).
+      iterations_by_gamma: {γ: (Σ counted, Σ expected iterations)} over γ's calls (η per γ).
       history: one record per observed call: {'gamma', 'reason' ('probe', 'time_baseline',
         'retime_baseline', 'best', 'confirmed', 'explore', 'retime_speculative', 'off'), 'predicted' (that γ's prediction or None),
         'alpha' (α̂ at the choice), 'ms' (wall ms), 'longest_tokens', 'iterations'}.
@@ -199,6 +204,7 @@ class GammaController:
     calls: int = 0
     counted_iterations: float = 0.0
     expected_iterations: float = 0.0
+    iterations_by_gamma: dict = dataclasses.field(default_factory=dict)
     calls_since_baseline: int = 0
     speculate_every: int = 8
     retime_min_predicted: float = 0.95
@@ -243,6 +249,17 @@ class GammaController:
         own = self.measured_ms[gamma] / self.modelled_ms[gamma]
         return (n * own + self.gamma_prior_calls * pooled) / (n + self.gamma_prior_calls)
 
+    def iterations_correction(self, gamma: int) -> float:
+        """η of γ: (n_γ·η̂_γ + n0·η) / (n_γ + n0), n0 = `gamma_prior_calls`; the pooled η before."""
+        pooled = self.corrections()["iterations"]
+        n = self.timed_calls.get(gamma, 0)
+        counted, expected = self.iterations_by_gamma.get(gamma, (0.0, 0.0))
+        if not self._timed(True) or n == 0 or expected <= 0:
+            return pooled
+        return (n * counted / expected + self.gamma_prior_calls * pooled) / (
+            n + self.gamma_prior_calls
+        )
+
     def predictions(self, alpha: float) -> dict[int, float]:
         """{γ: predicted speedup} for γ = 0..gamma_max at α, with the learnt L and corrections.
 
@@ -257,7 +274,7 @@ class GammaController:
         base = k["baseline"] * self.curve.baseline_call_ms(L)
         out = {0: 1.0}
         for g in range(1, self.curve.gamma_max + 1):
-            iterations = k["iterations"] * L / _eq1(alpha, g)
+            iterations = self.iterations_correction(g) * L / _eq1(alpha, g)
             rho = self.speculative_correction(g)
             out[g] = base / (rho * self.curve.speculative_call_ms(g, iterations))
         return out
@@ -434,18 +451,19 @@ class GammaController:
         else:
             kind, modelled = "speculative", self.curve.speculative_call_ms(gamma, iterations)
             alpha = self.alpha if self.alpha is not None else 0.0
+            expected = longest_tokens / _eq1(alpha, gamma)
             self.counted_iterations += iterations
-            self.expected_iterations += longest_tokens / _eq1(alpha, gamma)
+            self.expected_iterations += expected
+            counted_g, expected_g = self.iterations_by_gamma.get(gamma, (0.0, 0.0))
+            self.iterations_by_gamma[gamma] = (counted_g + iterations, expected_g + expected)
         keys = (kind,) if gamma == 0 else (kind, gamma)
         for key in keys:
             self.measured_ms[key] = self.measured_ms.get(key, 0.0) + 1e3 * float(seconds)
             self.modelled_ms[key] = self.modelled_ms.get(key, 0.0) + modelled
         self.calls_since_baseline = 0 if gamma == 0 else self.calls_since_baseline + 1
         self.calls_since_speculative = 0 if gamma > 0 else self.calls_since_speculative + 1
-        if gamma == 0 and modelled > 0:
-            ratio = 1e3 * float(seconds) / modelled
-            self.baseline_ratio_sum += ratio
-            self.baseline_ratio_sq_sum += ratio * ratio
+        if gamma == 0:
+            self._baseline_ratio(seconds, modelled)
         if gamma > 0 and seconds > 0:
             base_ms = self.curve.baseline_call_ms(longest_tokens)
             r = base_ms / (1e3 * float(seconds))
@@ -471,6 +489,37 @@ class GammaController:
         self.timed_calls[gamma] = self.timed_calls.get(gamma, 0) + 1
         self.longest_tokens += int(longest_tokens)
         self.calls += 1
+
+    def time_baseline(self, seconds: float, longest_tokens: int) -> None:
+        """Records a timed baseline call made before the run (the calibration's on the first
+        batch): it counts toward ρ_b, its spread and the baseline's timed calls, not toward L,
+        the history or the re-timing counters. So the run spends no call timing the baseline
+        before trusting a prediction (re-timing while speculating still spreads ρ_b's calls over
+        the run).
+
+        Args:
+          seconds: the call's wall-clock time, seconds.
+          longest_tokens: tokens generated by its longest row (incl. EOS), >= 1.
+
+        Raises:
+          ValueError: negative or non-finite seconds, or longest_tokens < 1.
+        """
+        if not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1:
+            raise ValueError(
+                f"time_baseline needs seconds >= 0 and longest_tokens >= 1; got {seconds!r}, "
+                f"{longest_tokens!r}."
+            )
+        modelled = self.curve.baseline_call_ms(longest_tokens)
+        self.measured_ms["baseline"] = self.measured_ms.get("baseline", 0.0) + 1e3 * float(seconds)
+        self.modelled_ms["baseline"] = self.modelled_ms.get("baseline", 0.0) + modelled
+        self._baseline_ratio(seconds, modelled)
+        self.timed_calls[0] = self.timed_calls.get(0, 0) + 1
+
+    def _baseline_ratio(self, seconds: float, modelled: float) -> None:
+        if modelled > 0:
+            ratio = 1e3 * float(seconds) / modelled
+            self.baseline_ratio_sum += ratio
+            self.baseline_ratio_sq_sum += ratio * ratio
 
 
 def call_counts(decodes, aux: Mapping[str, Any] | None = None) -> tuple[int, int | None]:
@@ -587,9 +636,15 @@ class AutoGammaDecoder:
                 self.verification,
                 self.cost_repeats,
             )
-            if self.calibration_rounds:
-                curve = cost_curve.calibrated(curve, self._calibration_calls(batch))
+            calls = self._calibration_calls(batch) if self.calibration_rounds else {}
+            if calls:
+                curve = cost_curve.calibrated(curve, calls)
             self.controller = self._controller(curve)
+            # The calibration's baseline calls are real timed calls: they time the baseline, so
+            # the run itself spends no call on that (each costs the speed-up it forgoes: 2 of 100
+            # calls, ~1.5 % at 1.35x, session 13).
+            for seconds, longest, _ in calls.get(0, []):
+                self.controller.time_baseline(seconds, longest)
         return self.controller.choose()
 
     def _calibration_calls(self, batch: Mapping[str, Array]) -> dict[int, list]:

@@ -496,12 +496,34 @@ def test_auto_decoder_calibrates_its_curve_on_real_calls_of_every_gamma(pair, mo
     monkeypatch.setattr(
         decoder, "decode", lambda g, b, rng: seen.append(g) or real_decode(g, b, rng)
     )
+    real_calibration, captured = decoder._calibration_calls, []
+    monkeypatch.setattr(
+        decoder,
+        "_calibration_calls",
+        lambda b: captured.append(real_calibration(b)) or captured[-1],
+    )
     assert decoder.choose(batch) == (1, None)
     assert sorted(seen) == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # warm-up + two rounds of γ = 0, 1, 2
     calls = decoder._calibration_calls(batch)  # the warm-up round is not recorded
     assert {g: len(v) for g, v in calls.items()} == {0: 2, 1: 2, 2: 2}
     scale = decoder.controller.curve.call_scale
     assert sorted(scale) == [0, 1, 2] and all(v > 0 for v in scale.values())
+    # The calibration's two baseline calls time the baseline for the controller: no call of the
+    # run is spent on it (the probe is followed by a prediction, not by (0, None)).
+    controller = decoder.controller
+    assert controller.timed_calls == {0: 2} and controller.calls == 0 and not controller.history
+    assert controller.baseline_standard_error() is None  # 2 < retime_min_calls
+    assert controller.corrections()["baseline"] == pytest.approx(
+        1e3
+        * sum(s for s, _, _ in captured[0][0])
+        / sum(controller.curve.baseline_call_ms(t) for _, t, _ in captured[0][0]),
+        rel=1e-6,
+    )
+    controller.update(_stats(0.6))
+    for _ in range(2):
+        controller.observe(1, 0.01, 8, 4)
+    controller.choose()
+    assert controller.last_choice["reason"] not in ("probe", "time_baseline")
     off = gamma_control.AutoGammaDecoder(
         spec_model, params, settings=settings, gamma_max=2, calibration_rounds=0
     )
@@ -621,6 +643,24 @@ def test_a_gamma_whose_own_calls_pay_is_chosen_below_the_margin():
     assert both.choose()[0] == 3
 
 
+def test_baseline_timed_before_the_run_skips_the_timing_calls():
+    c = curve(draft_ms=1.0, verify_growth=0.5)
+    seeded = gamma_control.GammaController(c, prior_alpha=0.6)
+    for ratio in (1.0, 1.1):
+        seeded.time_baseline(ratio * c.baseline_call_ms(30) / 1e3, 30)
+    assert seeded.corrections()["baseline"] == pytest.approx(1.05)
+    assert seeded.calls == 0 and seeded.tokens_per_call is None and not seeded.history
+    plain = gamma_control.GammaController(c, prior_alpha=0.6)
+    for ctrl in (seeded, plain):
+        for _ in range(2):
+            g = ctrl.choose()[0]
+            ctrl.observe(g, 0.5 * c.speculative_call_ms(g, 10) / 1e3, 30, 10)
+    assert plain.choose() == (0, None) and plain.last_choice["reason"] == "time_baseline"
+    assert seeded.choose()[0] > 0 and seeded.last_choice["reason"] == "best"
+    with pytest.raises(ValueError, match="time_baseline needs"):
+        seeded.time_baseline(-1.0, 30)
+
+
 def test_speculation_is_retimed_while_off_and_comes_back_when_the_machine_speeds_up():
     """The VM drifts between slow and fast phases; once off, speculation was never measured
     again. While off near break-even, every speculate_every-th call re-times the best γ."""
@@ -642,3 +682,27 @@ def test_speculation_is_retimed_while_off_and_comes_back_when_the_machine_speeds
     # At break-even the re-timings cost one call in speculate_every.
     even = gamma_control.GammaController(c, speculate_every=8)
     assert 10 <= sum(g > 0 for g in _drift_world(even, c, lambda i: 1.5)[40:]) <= 100 // 8 + 1
+
+
+def test_iterations_correction_is_per_gamma_shrunk_toward_the_pooled_one():
+    """Session 13, Table 3 summarization T = 1 (~10-token synopses): EOS cut γ = 6's blocks more
+    (η 1.22) than γ = 3's (1.05); a pooled η from mostly γ = 6 calls under-predicted γ = 3."""
+    c = curve(draft_ms=1.0, verify_growth=0.5)
+    controller = gamma_control.GammaController(c, prior_alpha=0.6, gamma_prior_calls=4.0)
+    assert controller.iterations_correction(3) == 1.0  # nothing timed
+    e = {g: theory.expected_tokens_per_iteration(0.6, g) for g in (3, 6)}
+    for g, eta, n in ((6, 1.2, 12), (3, 1.0, 4)):
+        for _ in range(n):
+            controller.observe(g, 0.03, 20, eta * 20 / e[g])
+    pooled = controller.corrections()["iterations"]
+    assert pooled == pytest.approx((12 * 1.2 / e[6] + 4 / e[3]) / (12 / e[6] + 4 / e[3]))
+    assert controller.iterations_correction(3) == pytest.approx((4 * 1.0 + 4 * pooled) / 8)
+    assert controller.iterations_correction(6) == pytest.approx((12 * 1.2 + 4 * pooled) / 16)
+    assert controller.iterations_correction(2) == pytest.approx(pooled)  # never timed
+    # The prediction of γ uses its own η: γ = 3's is above what the pooled η would give.
+    L = controller.tokens_per_call
+    rho = controller.speculative_correction(3)
+    base = controller.corrections()["baseline"] * c.baseline_call_ms(L)
+    own = base / (rho * c.speculative_call_ms(3, controller.iterations_correction(3) * L / e[3]))
+    assert controller.predictions(0.6)[3] == pytest.approx(own)
+    assert own > base / (rho * c.speculative_call_ms(3, pooled * L / e[3]))
