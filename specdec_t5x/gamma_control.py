@@ -447,33 +447,31 @@ class GammaController:
         if gamma > 0 and (iterations is None or iterations < 1):
             raise ValueError(f"observe of γ = {gamma} needs iterations >= 1; got {iterations!r}.")
         if gamma == 0:
-            kind, modelled = "baseline", self.curve.baseline_call_ms(longest_tokens)
+            self.time_baseline(seconds, longest_tokens)  # ρ_b, its spread, the timed calls
         else:
-            kind, modelled = "speculative", self.curve.speculative_call_ms(gamma, iterations)
+            modelled = self.curve.speculative_call_ms(gamma, iterations)
             alpha = self.alpha if self.alpha is not None else 0.0
             expected = longest_tokens / _eq1(alpha, gamma)
             self.counted_iterations += iterations
             self.expected_iterations += expected
             counted_g, expected_g = self.iterations_by_gamma.get(gamma, (0.0, 0.0))
             self.iterations_by_gamma[gamma] = (counted_g + iterations, expected_g + expected)
-        keys = (kind,) if gamma == 0 else (kind, gamma)
-        for key in keys:
-            self.measured_ms[key] = self.measured_ms.get(key, 0.0) + 1e3 * float(seconds)
-            self.modelled_ms[key] = self.modelled_ms.get(key, 0.0) + modelled
+            for key in ("speculative", gamma):
+                self.measured_ms[key] = self.measured_ms.get(key, 0.0) + 1e3 * float(seconds)
+                self.modelled_ms[key] = self.modelled_ms.get(key, 0.0) + modelled
+            if seconds > 0:
+                base_ms = self.curve.baseline_call_ms(longest_tokens)
+                r = base_ms / (1e3 * float(seconds))
+                terms = self.speedup_terms.setdefault(gamma, [0, 0.0, 0.0, 0.0])
+                terms[0] += 1
+                terms[1] += base_ms
+                terms[2] += r
+                terms[3] += r * r
+            if self.exploring:
+                self.explore_calls += 1  # the call `choose` explored with
+            self.timed_calls[gamma] = self.timed_calls.get(gamma, 0) + 1
         self.calls_since_baseline = 0 if gamma == 0 else self.calls_since_baseline + 1
         self.calls_since_speculative = 0 if gamma > 0 else self.calls_since_speculative + 1
-        if gamma == 0:
-            self._baseline_ratio(seconds, modelled)
-        if gamma > 0 and seconds > 0:
-            base_ms = self.curve.baseline_call_ms(longest_tokens)
-            r = base_ms / (1e3 * float(seconds))
-            terms = self.speedup_terms.setdefault(gamma, [0, 0.0, 0.0, 0.0])
-            terms[0] += 1
-            terms[1] += base_ms
-            terms[2] += r
-            terms[3] += r * r
-        if gamma > 0 and self.exploring:
-            self.explore_calls += 1  # the call `choose` explored with
         choice = self.last_choice or {"reason": None, "alpha": None, "predicted": None}
         self.history.append(
             {
@@ -486,7 +484,6 @@ class GammaController:
         )
         self.last_choice = {}
         self.exploring = False
-        self.timed_calls[gamma] = self.timed_calls.get(gamma, 0) + 1
         self.longest_tokens += int(longest_tokens)
         self.calls += 1
 
@@ -512,10 +509,7 @@ class GammaController:
         modelled = self.curve.baseline_call_ms(longest_tokens)
         self.measured_ms["baseline"] = self.measured_ms.get("baseline", 0.0) + 1e3 * float(seconds)
         self.modelled_ms["baseline"] = self.modelled_ms.get("baseline", 0.0) + modelled
-        self._baseline_ratio(seconds, modelled)
         self.timed_calls[0] = self.timed_calls.get(0, 0) + 1
-
-    def _baseline_ratio(self, seconds: float, modelled: float) -> None:
         if modelled > 0:
             ratio = 1e3 * float(seconds) / modelled
             self.baseline_ratio_sum += ratio
