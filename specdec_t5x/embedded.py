@@ -60,7 +60,9 @@ def load_params(
         raise ValueError(f"give exactly one of name or path; got name={name!r}, path={path!r}.")
     path = params_path(name) if name is not None else pathlib.Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no parameter file at {path}.")
+        shipped = sorted(p.parent.name for p in MODELS_DIR.glob(f"*/{PARAMS_FILE}"))
+        hint = f" Shipped names: {', '.join(shipped)}." if name is not None else ""
+        raise FileNotFoundError(f"no parameter file at {path}.{hint}")
     state = serialization.msgpack_restore(path.read_bytes())
 
     def cast(leaf):

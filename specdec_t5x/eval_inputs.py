@@ -10,6 +10,7 @@ only (no seqio, TensorFlow).
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,14 +70,27 @@ def load_examples(
       their `*_pretokenized` strings.
 
     Raises:
-      ValueError: the task yields no examples for `split`.
+      ValueError: num_examples < 1, an unknown task name (with close matches), or the task yields
+        no examples for `split`.
     """
     import seqio
 
     from specdec_t5x import tasks  # registers the tasks
 
+    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
+        raise ValueError(
+            f"num_examples (gin: NUM_EXAMPLES) must be an int >= 1; got {num_examples!r}."
+        )
     if vocabulary is not None and task_name in (tasks.WMT_TASK, tasks.CNN_DM_TASK):
         tasks.register_t5_paper_tasks(vocabulary)
+    known = sorted({*seqio.TaskRegistry.names(), *seqio.MixtureRegistry.names()})
+    if task_name not in known:
+        close = difflib.get_close_matches(str(task_name), known, n=3)
+        raise ValueError(
+            f"no seqio task or mixture named {task_name!r} (gin: TASK)"
+            + (f"; did you mean {', '.join(close)}?" if close else "")
+            + f" This project registers {', '.join(tasks.TASK_NAMES)}."
+        )
     task = seqio.get_mixture_or_task(task_name)
     ds = task.get_dataset(
         {"inputs": input_len, "targets": target_len},

@@ -241,8 +241,9 @@ def evaluate(
       The metrics dict (also written to `metrics.json`).
 
     Raises:
-      ValueError: bad γ / sampling settings, both `sampling_settings` and loose keywords given,
-        `measure_time_budget` not a bool, or an empty split.
+      ValueError: bad γ / sampling settings, num_examples or batch_size < 1, both
+        `sampling_settings` and loose keywords given, `measure_time_budget` not a bool, or an
+        empty split.
     """
     if not isinstance(measure_time_budget, bool):
         raise ValueError(
@@ -258,9 +259,19 @@ def evaluate(
         )
     sampling_settings = sampling_settings or sampling.SamplingSettings(**loose)
     requested = [gamma, *(gammas or ())]
-    bad = [g for g in requested if g != "auto" and (isinstance(g, bool) or not isinstance(g, int))]
+    bad = [
+        g
+        for g in requested
+        if g != "auto" and (isinstance(g, bool) or not isinstance(g, int) or g < 1)
+    ]
     if bad:
-        raise ValueError(f"gamma and gammas take ints >= 1 or 'auto'; got {bad}.")
+        raise ValueError(
+            f"gamma and gammas (gin: GAMMA, GAMMAS) take ints >= 1 or 'auto'; got {bad}. "
+            "The baseline runs in every eval anyway; 'auto' may also switch speculation off (γ 0)."
+        )
+    for name, value in (("num_examples", num_examples), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} (gin: {name.upper()}) must be an int >= 1; got {value!r}.")
     auto = "auto" in requested
     gammas = sorted({g for g in requested if g != "auto"})
     if gamma == "auto" and not gammas:
@@ -276,12 +287,12 @@ def evaluate(
             reference_params = target_params
     target_params = spec_model.pack_params(target_params)  # CPU_WEIGHT_DTYPE (narrows panels)
     draft_params = _pack_draft(spec_model.draft, draft_params)
-    out_dir = pathlib.Path(output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     vocabulary = spec_model.output_vocabulary
     examples, seqio_task = eval_inputs.load_examples(
         task, split, num_examples, input_len, target_len, vocabulary
     )
+    out_dir = pathlib.Path(output_dir)  # made once the inputs load (a bad task leaves no folder)
+    out_dir.mkdir(parents=True, exist_ok=True)
     eos_id = spec_model.eos_id
     baseline = models.EncoderDecoderModel(
         spec_model.module, vocabulary, vocabulary, cpu_weight_dtype=spec_model.cpu_weight_dtype

@@ -28,9 +28,20 @@ Array = jax.Array
 
 
 def _require(batch: Mapping[str, Array], *keys: str) -> None:
+    """Checks that `batch` has the token features `keys`, each an integer array [batch, len].
+
+    Raises:
+      ValueError: a feature is missing, not 2-D, or not of an integer dtype (naming it).
+    """
     missing = [k for k in keys if k not in batch]
     if missing:
         raise ValueError(f"batch is missing feature(s) {missing}; it has {sorted(batch)}.")
+    for key in keys:
+        shape, dtype = jnp.shape(batch[key]), jnp.result_type(batch[key])
+        if len(shape) != 2 or not jnp.issubdtype(dtype, jnp.integer):
+            raise ValueError(
+                f"batch[{key!r}] must be int32 token ids [batch, length]; got {dtype} {shape}."
+            )
 
 
 # The step-function layer lives in `steps`; these names stay public here (T5X keeps its decoding
@@ -53,7 +64,9 @@ def one_token_logits_fn(block_step: BlockStep) -> decoding.TokensToLogits:
 
 
 def decoder_prompt_inputs(batch: Mapping[str, Array], eos_id: int, prompt_with_targets: bool):
-    """T5X's decoder buffer: zeros, or the shifted targets with EOS zeroed as a forced prompt."""
+    """T5X's decoder buffer, int32 [batch, max_decode_len]: zeros, or (`prompt_with_targets`)
+    `batch['decoder_input_tokens']` (int32 [batch, max_decode_len], the shifted targets) with EOS
+    zeroed, as a forced prompt."""
     dec = batch["decoder_input_tokens"]
     if prompt_with_targets:
         return dec * (dec != eos_id)
@@ -75,6 +88,9 @@ class EncoderDecoderModel:
       default_decoder_params: dict merged under per-call `decoder_params`.
       cpu_weight_dtype: storage of the decoder weights packed for the CPU kernel: 'float32'
         (default) or 'bfloat16' (CPU inference option: halves the bytes read, changes numerics).
+
+    Raises:
+      ValueError: `cpu_weight_dtype` not 'float32' or 'bfloat16'.
     """
 
     def __init__(
@@ -118,7 +134,7 @@ class EncoderDecoderModel:
         ids and positions are read when present); dropout on iff `dropout_rng` is given.
 
         Raises:
-          ValueError: a required feature is missing from `batch`.
+          ValueError: a required feature missing from `batch` or not int token ids [batch, len].
         """
         _require(batch, "encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")
         rngs = None if dropout_rng is None else {"dropout": dropout_rng}
@@ -172,6 +188,9 @@ class EncoderDecoderModel:
         Returns:
           (loss float32 [], metrics dict of float32 [] values: `loss`, `z_loss`, `num_tokens`,
           `accuracy`).
+
+        Raises:
+          ValueError: a feature missing from `batch` or not int token ids [batch, length].
         """
         logits = self.logits(params, batch, dropout_rng)
         targets = batch["decoder_target_tokens"]
@@ -188,7 +207,16 @@ class EncoderDecoderModel:
         return loss, metrics
 
     def score_batch(self, params, batch: Mapping[str, Array]) -> Array:
-        """Teacher-forced sum of target-token log-probs: float32 [batch] (T5X `score_batch`)."""
+        """Teacher-forced sum of target-token log-probs: float32 [batch] (T5X `score_batch`).
+
+        Args:
+          params: model parameters.
+          batch: `encoder_input_tokens`, `decoder_input_tokens`, `decoder_target_tokens` int32
+            [batch, len]; optional `decoder_loss_weights` float32 [batch, len].
+
+        Raises:
+          ValueError: a feature missing from `batch` or not int token ids [batch, length].
+        """
         logits = self.logits(params, batch)
         targets = batch["decoder_target_tokens"]
         weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
@@ -202,7 +230,18 @@ class EncoderDecoderModel:
         return pack_params(self.module, params, self.cpu_weight_dtype)
 
     def decoder_state(self, params, encoder_input_tokens: Array, max_decode_len: int):
-        """Encodes once and returns `(cache, block_step)` for this model's decoder."""
+        """Encodes once and returns `(cache, block_step)` for this model's decoder.
+
+        Args:
+          params: parameters (raw or packed; packed here once if raw).
+          encoder_input_tokens: int32 [batch, enc_len], zero-padded.
+          max_decode_len: L, the decoder cache length (tokens).
+
+        Returns:
+          (cache: the `steps.init_cache` tree for [batch] rows of length L, block_step: a
+          `steps.BlockStep`, `(tokens int32 [batch, k], positions int32 [batch], cache) -> (logits
+          float32 [batch, k, vocab], cache)`).
+        """
         params = self.pack_params(params)
         cache = steps.prepare_cache(self.module, params, encoder_input_tokens, max_decode_len)
         return cache, steps.make_block_step(self.module, params, encoder_input_tokens)
@@ -238,6 +277,10 @@ class EncoderDecoderModel:
         Returns:
           (decodes int32 [batch, L] or [batch, num_decodes, L], {'scores': float32 [batch] or
           [batch, num_decodes]}).
+
+        Raises:
+          ValueError: a feature missing from `batch` or not int token ids [batch, length]; bad
+            sampling settings (from the decode fn).
         """
         _require(batch, "encoder_input_tokens", "decoder_input_tokens")
         params = self.pack_params(params)  # once per call, outside the decode loop
@@ -308,7 +351,16 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
 
     def draft_state(self, params, draft_params, encoder_input_tokens: Array, max_decode_len: int):
         """`(draft_cache, draft_step)` alone (e.g. to time the draft): a draft sharing the
-        target's encoder gets the target's encoder output (computed here from `params`)."""
+        target's encoder gets the target's encoder output (computed here from `params`).
+
+        Args:
+          params: target parameters (read only by a draft that shares the target's encoder).
+          draft_params: the draft's parameters.
+          encoder_input_tokens: int32 [batch, enc_len]; max_decode_len: L (tokens).
+
+        Returns:
+          (draft_cache, draft_step: a `steps.BlockStep`, logits float32 [batch, k, vocab]).
+        """
         encoded = None
         if getattr(self.draft, "shares_target_encoder", False):
             encoded = steps.encode(self.module, params, encoder_input_tokens)
@@ -333,8 +385,26 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
           draft_params: draft parameters (default `self.draft.params`). Pass them explicitly under
             `jax.jit` so they are arguments, not compile-time constants.
           prompt_with_targets: use the decoder inputs (EOS zeroed) as a forced prompt.
+
+        Returns:
+          (decodes int32 [batch, max_decode_len]: prompt, generated tokens, EOS, then zeros;
+          {'stats': `speculative.SpeculativeStats` of per-row int32 [batch] counts (iterations = target calls,
+          accepted and proposed drafts, ...)}).
+
+        Raises:
+          ValueError: a feature missing from `batch` or not int token ids [batch, length]; no
+            `gamma` in `decoder_params` (nor in `default_decoder_params`) for the default decode
+            fn `speculative.speculative_sample`; bad γ or sampling settings (from the decode fn).
         """
         _require(batch, "encoder_input_tokens", "decoder_input_tokens")
+        kwargs = {**self.default_decoder_params, **dict(decoder_params or {})}
+        from specdec_t5x import speculative
+
+        if "gamma" not in kwargs and self.decode_fn is speculative.speculative_sample:
+            raise ValueError(
+                "speculative decoding needs gamma (draft tokens per iteration, an int >= 1): pass "
+                "decoder_params={'gamma': 5, ...}; the eval job's GAMMA sets it."
+            )
         enc = batch["encoder_input_tokens"]
         inputs = decoder_prompt_inputs(batch, self.eos_id, prompt_with_targets)
         if draft_params is None:
@@ -342,7 +412,6 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
         (target_cache, target_step), (draft_cache, draft_step) = self.states(
             params, draft_params, enc, inputs.shape[1]
         )
-        kwargs = {**self.default_decoder_params, **dict(decoder_params or {})}
         decodes, stats = self.decode_fn(
             inputs,
             target_cache,

@@ -35,6 +35,7 @@ DDTP_TASK = corpora.DDTP
 SUMMARIZE_TASK = corpora.SUMMARIZE
 WMT_TASK = "wmt_t2t_ende_v003"
 CNN_DM_TASK = "cnn_dailymail_v002"
+TASK_NAMES = (DDTP_TASK, SUMMARIZE_TASK, WMT_TASK, CNN_DM_TASK)  # what this project registers
 T5_VOCAB_ENV = "SPECDEC_T5_VOCAB"
 T5_PUBLIC_VOCAB = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 # The string fields of each corpus' JSONL rows (see `specdec_t5x.data.corpora`).
@@ -109,8 +110,13 @@ def read_corpus(
       Dataset of {field: tf.string scalar} for the fields in `CORPUS_FIELDS[corpus]`.
 
     Raises:
+      ValueError: `split` not one of "train", "validation", "test".
       FileNotFoundError: the corpora are not built.
     """
+    if split not in corpora.SPLITS:
+        raise ValueError(
+            f"split must be one of {list(corpora.SPLITS)} (gin: SPLIT); got {split!r}."
+        )
     path = pathlib.Path(corpora.default_data_dir()) / corpus / f"{split}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(

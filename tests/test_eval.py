@@ -128,6 +128,27 @@ def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path)
         evaluation.evaluate(*tiny_pair, "ddtp_ende", str(out), gamma="5", temperature=0.0)
 
 
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"gamma": 0}, r"GAMMA, GAMMAS\) take ints >= 1 or 'auto'; got \[0\]"),
+        ({"gamma": 2, "gammas": [-1]}, r"got \[-1\]"),
+        (
+            {"gamma": 1, "num_examples": 0},
+            r"num_examples \(gin: NUM_EXAMPLES\) must be an int >= 1; got 0",
+        ),
+        (
+            {"gamma": 1, "batch_size": 0},
+            r"batch_size \(gin: BATCH_SIZE\) must be an int >= 1; got 0",
+        ),
+    ],
+)
+def test_bad_gamma_and_counts_are_refused_before_any_work(tiny_pair, tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        evaluation.evaluate(*tiny_pair, "ddtp_ende", str(tmp_path / "out"), **kwargs)
+    assert not (tmp_path / "out").exists()  # refused before the output folder is made
+
+
 @pytest.mark.parametrize("value", ["False", 0, None])
 def test_measure_time_budget_takes_a_bool_only(tiny_pair, tmp_path, value):
     with pytest.raises(ValueError, match="measure_time_budget takes True or False"):

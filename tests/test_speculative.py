@@ -479,3 +479,29 @@ def test_bad_input_raises(kwargs, match):
             eos,
             **kwargs,
         )
+
+
+def test_model_refuses_float_tokens_and_a_missing_gamma():
+    """`predict_batch_with_aux` names the bad feature / the missing γ instead of failing inside
+    the network (`indices must have an integer type`) or in the sampler's signature."""
+    from conftest import tiny_spec_pair
+
+    spec, params = tiny_spec_pair()
+    enc = encoder_inputs(1, 6, [4], vocab=20)
+    good = {"encoder_input_tokens": enc, "decoder_input_tokens": jnp.zeros((1, 5), jnp.int32)}
+    with pytest.raises(
+        ValueError, match=r"batch\['encoder_input_tokens'\] must be int32 token ids"
+    ):
+        spec.predict_batch_with_aux(
+            params, {**good, "encoder_input_tokens": enc.astype(jnp.float32)}
+        )
+    with pytest.raises(ValueError, match=r"batch\['decoder_input_tokens'\] .* got int32 \(5,\)"):
+        spec.predict_batch_with_aux(
+            params, {**good, "decoder_input_tokens": jnp.zeros(5, jnp.int32)}
+        )
+    with pytest.raises(ValueError, match="speculative decoding needs gamma"):
+        spec.predict_batch_with_aux(params, good, decoder_params={"temperature": 0.0})
+    decodes, _ = spec.predict_batch_with_aux(
+        params, good, decoder_params={"gamma": 2, "temperature": 0.0}
+    )
+    assert decodes.shape == (1, 5) and decodes.dtype == jnp.int32

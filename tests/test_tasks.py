@@ -81,6 +81,23 @@ def test_data_dir_is_read_lazily(tmp_path, monkeypatch):
         task.get_dataset(sequence_length=LENGTHS, split="train")
 
 
+def test_unknown_split_names_the_valid_ones():
+    task = seqio.get_mixture_or_task(tasks.DDTP_TASK)
+    with pytest.raises(
+        ValueError, match=r"split must be one of \['train', 'validation', 'test'\].*'tset'"
+    ):
+        task.get_dataset(sequence_length=LENGTHS, split="tset")
+
+
+def test_unknown_task_and_zero_examples_are_named():
+    from specdec_t5x import eval_inputs
+
+    with pytest.raises(ValueError, match=r"'ddtp_endee' \(gin: TASK\); did you mean ddtp_ende"):
+        eval_inputs.load_examples("ddtp_endee", "test", 1, 8, 8)
+    with pytest.raises(ValueError, match=r"NUM_EXAMPLES\) must be an int >= 1; got 0"):
+        eval_inputs.load_examples(tasks.DDTP_TASK, "test", 0, 8, 8)
+
+
 @pytest.fixture
 def mocked_tfds(monkeypatch):
     monkeypatch.setattr(seqio.TfdsDataSource, "num_input_examples", lambda self, split: None)

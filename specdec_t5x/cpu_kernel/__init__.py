@@ -170,7 +170,8 @@ def check_weight_dtype(weight_dtype: str) -> Any:
     """The jnp dtype of a weight_dtype name; ValueError naming the bad value otherwise."""
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(
-            f"weight_dtype must be one of {sorted(WEIGHT_DTYPES)}; got {weight_dtype!r}."
+            f"cpu_weight_dtype (the CPU kernel's weight storage) must be one of "
+            f"{sorted(WEIGHT_DTYPES)}; got {weight_dtype!r}."
         )
     return WEIGHT_DTYPES[weight_dtype]
 
