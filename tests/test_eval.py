@@ -149,6 +149,12 @@ def test_bad_gamma_and_counts_are_refused_before_any_work(tiny_pair, tmp_path, k
     assert not (tmp_path / "out").exists()  # refused before the output folder is made
 
 
+def test_unknown_task_leaves_no_output_folder(tiny_pair, tmp_path):
+    with pytest.raises(ValueError, match=r"'ddtp_endee' \(gin: TASK\); did you mean ddtp_ende"):
+        evaluation.evaluate(*tiny_pair, "ddtp_endee", str(tmp_path / "out"), gamma=1)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("value", ["False", 0, None])
 def test_measure_time_budget_takes_a_bool_only(tiny_pair, tmp_path, value):
     with pytest.raises(ValueError, match="measure_time_budget takes True or False"):

@@ -20,3 +20,10 @@ def test_decode_batch_shapes_and_zero_decoder_inputs():
     batch = eval_inputs.decode_batch([np.array([3, 4, 1]), [9, 1]], 4, 6)
     np.testing.assert_array_equal(batch["encoder_input_tokens"], [[3, 4, 1, 0], [9, 1, 0, 0]])
     assert batch["decoder_input_tokens"].shape == (2, 6) and not batch["decoder_input_tokens"].any()
+
+
+def test_unknown_shipped_model_lists_the_shipped_names():
+    from specdec_t5x import embedded
+
+    with pytest.raises(FileNotFoundError, match=r"Shipped names: .*embedded_ende_target"):
+        embedded.load_params("embedded_ende_targt")
