@@ -269,9 +269,9 @@ def evaluate(
             f"gamma and gammas (gin: GAMMA, GAMMAS) take ints >= 1 or 'auto'; got {bad}. "
             "The baseline runs in every eval anyway; 'auto' may also switch speculation off (γ 0)."
         )
-    for name, value in (("num_examples", num_examples), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} (gin: {name.upper()}) must be an int >= 1; got {value!r}.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size (gin: BATCH_SIZE) must be an int >= 1; got {batch_size!r}.")
+    # num_examples is checked by eval_inputs.load_examples (before the output folder is made).
     auto = "auto" in requested
     gammas = sorted({g for g in requested if g != "auto"})
     if gamma == "auto" and not gammas:
