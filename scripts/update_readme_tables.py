@@ -29,13 +29,17 @@ def _table(dirs) -> str:
 
 def _sweep(m: dict) -> str:
     rows = [
-        "| γ | α | tokens/iter | measured | Thm 3.8 (c only) | Thm 3.8 + measured verify |",
-        "|---|---|---|---|---|---|",
+        "| γ | α | tokens/iter | measured | Thm 3.8 (c only) | Thm 3.8 + measured verify "
+        "| + output lengths |",
+        "|---|---|---|---|---|---|---|",
     ]
     for g, v in m["gamma_sweep"].items():
+        lengths = v.get("predicted_speedup_output_lengths")  # absent in older metrics
+        lengths = "–" if lengths is None else f"{lengths:.2f}X"
         rows.append(
             f"| {g} | {v['alpha_beta']:.2f} | {v['tokens_per_iteration']:.2f} | {v['speedup']:.2f}X "
-            f"| {v['predicted_speedup_thm38']:.2f}X | {v['predicted_speedup_measured_verify']:.2f}X |"
+            f"| {v['predicted_speedup_thm38']:.2f}X | {v['predicted_speedup_measured_verify']:.2f}X "
+            f"| {lengths} |"
         )
     return "\n".join(rows)
 

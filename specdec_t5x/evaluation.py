@@ -391,6 +391,7 @@ def evaluate(
         vocabulary,
         eos_id,
         settings,
+        rows_per_call=[n for n, _ in batches],
     )
     if (
         gamma != "auto" and measure_time_budget

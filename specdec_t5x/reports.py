@@ -154,7 +154,80 @@ def _predicted(alpha: float, gamma: int, c: float, verify_cost_ratio: float) -> 
     }
 
 
-def summarise(runs, gammas, gamma, costs, examples, seqio_task, vocabulary, eos_id, settings):
+def group_by_call(values: Sequence[int], rows_per_call: Sequence[int]) -> np.ndarray:
+    """Per-example integers grouped by decode call.
+
+    Args:
+      values: int [examples], in example order.
+      rows_per_call: rows of each call, in order (sums to examples).
+
+    Returns:
+      int64 [calls, max rows], ragged calls padded with 0.
+    """
+    out = np.zeros((len(rows_per_call), max(rows_per_call, default=1)), np.int64)
+    start = 0
+    for i, n in enumerate(rows_per_call):
+        out[i, :n] = values[start : start + n]
+        start += n
+    return out
+
+
+def predicted_at_output_lengths(
+    base_lengths: Sequence[int],
+    lengths: Sequence[int],
+    rows_per_call: Sequence[int],
+    alpha: float,
+    gamma: int,
+    c: float,
+    verify_cost_ratio: float,
+) -> float:
+    """Thm 3.8 with the measured verify cost, its iterations counted at the run's output lengths.
+
+    Theorem 3.8 is E(α, γ) / (γc + verify): tokens per iteration from Eq. 1, i.e. outputs long
+    enough that the last block of each output does not matter. Here the iterations are
+    `theory.expected_iterations` of the same i.i.d. model at the lengths this run produced (the
+    last block cut at EOS or at the length limit, a call running until its slowest row ends), and
+    the baseline's target calls are its own (the longest row of each call). Same α, c and verify
+    cost; nothing fitted. For long outputs and one row per call it tends to Theorem 3.8.
+
+    Args:
+      base_lengths: int [examples] the baseline's output lengths (tokens, EOS counted).
+      lengths: int [examples] this speculative run's output lengths (equal to base_lengths at
+        T = 0; other samples at T > 0).
+      rows_per_call: rows of each decode call, in example order (sums to examples).
+      alpha, gamma, c, verify_cost_ratio: as `theory.measured_walltime_improvement`.
+
+    Returns:
+      Predicted speedup (X).
+
+    Raises:
+      ValueError: rows_per_call does not add up to the examples; bad α, γ or lengths
+        (`theory.expected_iterations`).
+    """
+    if sum(rows_per_call) != len(lengths) or len(base_lengths) != len(lengths):
+        raise ValueError(
+            f"rows_per_call adds up to {sum(rows_per_call)} rows for {len(lengths)} speculative and "
+            f"{len(base_lengths)} baseline examples."
+        )
+    base_calls = float(np.sum(np.max(group_by_call(base_lengths, rows_per_call), axis=1)))
+    iterations = float(
+        np.sum(theory.expected_iterations(group_by_call(lengths, rows_per_call), alpha, gamma))
+    )
+    return base_calls / (iterations * (gamma * c + verify_cost_ratio))
+
+
+def summarise(
+    runs,
+    gammas,
+    gamma,
+    costs,
+    examples,
+    seqio_task,
+    vocabulary,
+    eos_id,
+    settings,
+    rows_per_call=None,
+):
     """Metrics of the headline γ and the γ sweep from `Run` records and measured step costs.
 
     Args:
@@ -163,13 +236,16 @@ def summarise(runs, gammas, gamma, costs, examples, seqio_task, vocabulary, eos_
       costs: `benchmark.time_decoder_steps` result ('c', 'verify_cost_ratio', ...).
       examples, seqio_task, vocabulary, eos_id: for quality metrics.
       settings: the sampling settings dict, written as is.
+      rows_per_call: rows of each decode call in example order (None: one example per call).
 
     Returns:
       The metrics dict (headline γ fields at top level, `gamma_sweep` per γ).
     """
     base = runs["baseline"]
     base_s = float(np.sum(base.seconds))
-    base_tokens = int(sum(len(until_eos(t, eos_id)) for t in base.tokens))
+    base_lengths = [len(until_eos(t, eos_id)) for t in base.tokens]
+    base_tokens = int(sum(base_lengths))
+    rows_per_call = [1] * len(base_lengths) if rows_per_call is None else list(rows_per_call)
     sweep = {}
     for g in gammas:
         run = runs[g]
@@ -177,6 +253,15 @@ def summarise(runs, gammas, gamma, costs, examples, seqio_task, vocabulary, eos_
         alpha_beta = float(theory.alpha_from_beta(st["beta_sum"], st["num_beta"]))
         alpha_counted = float(theory.alpha_counted(st["num_accepted"], st["num_draft_tokens"]))
         predicted = _predicted(alpha_beta, g, costs["c"], costs["verify_cost_ratio"])
+        predicted["predicted_speedup_output_lengths"] = predicted_at_output_lengths(
+            base_lengths,
+            [int(s.num_generated) for s in run.stats],
+            rows_per_call,
+            alpha_beta,
+            g,
+            costs["c"],
+            costs["verify_cost_ratio"],
+        )
         spec_s = float(np.sum(run.seconds))
         sweep[g] = {
             "speedup": base_s / spec_s,
@@ -219,14 +304,17 @@ def summarise(runs, gammas, gamma, costs, examples, seqio_task, vocabulary, eos_
 
 TABLE_HEADER = (
     "| Task | M_q | Temp | γ | α | c | verify/step | tokens/iter | Speed | Predicted (Thm 3.8) "
-    "| Predicted (measured verify) | Predicted (measured costs) | identical |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| Predicted (measured verify) | Predicted (measured verify, output lengths) "
+    "| Predicted (measured costs) | identical |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def table_row(m: dict[str, Any]) -> str:
     """One markdown row shaped like the paper's Table 2, plus c, the verify cost, tokens per
-    iteration, Thm 3.8 with the measured verify cost (E / (γc + verify)), the prediction from all
+    iteration, Thm 3.8 with the measured verify cost (E / (γc + verify)), the same with its
+    iterations counted at the run's output lengths (`predicted_at_output_lengths`: the last block
+    of each output cut at EOS; "–" in metrics written before it existed), the prediction from all
     measured component costs (`time_budget`: set-up, loop work, model calls) and identical_fraction
     (1.0 expected at T = 0; at T > 0 outputs are different samples of the same distribution).
 
@@ -238,11 +326,14 @@ def table_row(m: dict[str, Any]) -> str:
         return _auto_row(m)
     costs = m.get("predicted_speedup_measured_costs")  # absent: before `time_budget`, or skipped
     costs = "–" if costs is None else f"{costs:.2f}X"
+    lengths = m.get("predicted_speedup_output_lengths")
+    lengths = "–" if lengths is None else f"{lengths:.2f}X"
     return (
         f"| {m['task']} | {m['draft']} | {m['temperature']:g} | {m['gamma']} | "
         f"{m['alpha_beta']:.2f} | {m['c_measured']:.3f} | {m['verify_cost_ratio']:.2f} | "
         f"{m['tokens_per_iteration']:.2f} | {m['speedup']:.2f}X | {m['predicted_speedup_thm38']:.2f}X | "
-        f"{m['predicted_speedup_measured_verify']:.2f}X | {costs} | {m['identical_fraction']:.2f} |"
+        f"{m['predicted_speedup_measured_verify']:.2f}X | {lengths} | {costs} | "
+        f"{m['identical_fraction']:.2f} |"
     )
 
 
@@ -271,7 +362,7 @@ def _auto_row(m: dict[str, Any]) -> str:
         f"| {m['task']} | {m['draft']} | {m['temperature']:g} | auto ({chosen}) | "
         f"{m['alpha_display']} | {m['c_measured']:.3f} | {m['verify_cost_ratio']:.2f} | "
         f"{fmt(m['tokens_per_iteration'])} | {speed} | – | "
-        f"{fmt(m['predicted_speedup'])}X | – | {fmt(m['identical_fraction'])} |"
+        f"{fmt(m['predicted_speedup'])}X | – | – | {fmt(m['identical_fraction'])} |"
     )
 
 

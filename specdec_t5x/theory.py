@@ -170,6 +170,86 @@ def measured_walltime_improvement(
     return _output(tokens / (gamma * c + verify + overhead))
 
 
+def iterations_pmf(max_length: int, alpha: float, gamma: int) -> np.ndarray:
+    """Distribution of the iterations Algorithm 1 needs for an output of L tokens, L ≤ max_length.
+
+    Section 3.1's model: every iteration emits K tokens, K − 1 ~ Geometric(1 − α) capped at γ
+    (P(K = k) = α^(k−1)(1 − α) for k ≤ γ, P(K = γ + 1) = α^γ: Eq. 1 is E[K]), independently. An
+    output of L tokens (its EOS counted) ends in the iteration whose tokens reach L: the last
+    iteration's surplus is cut (EOS accepted mid-block, or the length limit). Eq. 1 ignores that
+    cut, so for short outputs L / E[K] undercounts the iterations; `expected_iterations` uses this.
+
+    Args:
+      max_length: the longest L needed, integer >= 0 (tokens).
+      alpha: acceptance rate α in [0, 1] (1: every block is accepted whole).
+      gamma: draft tokens per iteration, integer >= 1.
+
+    Returns:
+      float64 [max_length + 1, max_length + 1]: row L is P(N = n) for n = 0..max_length
+      (N = 0 only for L = 0; N ≤ L since every iteration emits at least one token).
+
+    Raises:
+      ValueError: max_length not an integer >= 0, alpha outside [0, 1], gamma not an integer >= 1.
+    """
+    if (
+        isinstance(max_length, bool)
+        or not isinstance(max_length, int | np.integer)
+        or max_length < 0
+    ):
+        raise ValueError(f"max_length must be an integer >= 0, got {max_length!r}")
+    if not (isinstance(alpha, int | float | np.number) and 0.0 <= float(alpha) <= 1.0):
+        raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
+    gamma, alpha = _check_gamma(gamma), float(alpha)
+    k = np.arange(1, gamma + 2)
+    p_k = np.where(k <= gamma, alpha ** (k - 1) * (1.0 - alpha), alpha**gamma)  # P(K = k)
+    size = int(max_length) + 1
+    pmf = np.zeros((size, size))
+    pmf[0, 0] = 1.0
+    for length in range(1, size):
+        rest = np.maximum(length - k, 0)  # tokens left after an iteration of K = k tokens
+        # N(L) = 1 + N(L − K): the rows of the shorter lengths, shifted by one iteration.
+        pmf[length, 1:] = p_k @ pmf[rest, :-1]
+    return pmf
+
+
+def expected_iterations(lengths, alpha: float, gamma: int) -> np.ndarray:
+    """Expected target calls (iterations) of Algorithm 1 per decode call, at these output lengths.
+
+    Theorem 3.8 divides the tokens by Eq. 1, which assumes outputs long enough that the last,
+    truncated block does not matter. For short outputs (a ~10-token synopsis at γ = 5) it does:
+    this is the same i.i.d. model of Section 3.1 with the last block cut (`iterations_pmf`). A call
+    decoding several rows runs until its slowest row ends, so per call this is E[max over its rows
+    of N(L_row)], the rows independent: Σ_n (1 − Π_rows P(N(L_row) ≤ n)).
+
+    Args:
+      lengths: output lengths in tokens (EOS counted), integers >= 0: int [calls] (one row per
+        call) or int [calls, rows] (the rows of each call; pad a ragged call with 0).
+      alpha: acceptance rate α in [0, 1].
+      gamma: draft tokens per iteration, integer >= 1.
+
+    Returns:
+      float64 [calls]: expected iterations per call (for one row of L tokens: L when α = 0,
+      ceil(L / (γ + 1)) when α = 1, and L / Eq. 1 + O(1) for large L).
+
+    Raises:
+      ValueError: lengths not integers >= 0 or not 1-D / 2-D; alpha or gamma as `iterations_pmf`.
+    """
+    arr = np.asarray(lengths)
+    if arr.ndim == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(
+            f"lengths must be integers, int [calls] or int [calls, rows]; got dtype {arr.dtype}, "
+            f"shape {np.shape(lengths)}."
+        )
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"lengths must be >= 0 tokens; got {int(arr.min())}.")
+    top = int(arr.max()) if arr.size else 0
+    cdf = np.cumsum(iterations_pmf(top, alpha, gamma), axis=1)  # [L, n]: P(N(L) <= n)
+    all_done = np.prod(cdf[arr], axis=1)  # [calls, n]: P(max over rows <= n)
+    return np.sum(1.0 - all_done, axis=1)
+
+
 def optimal_gamma(alpha: float, c: float, max_gamma: int = 64) -> int:
     """The integer γ in [1, max_gamma] that maximises `walltime_improvement` (Section 3.3, Fig. 3).
 

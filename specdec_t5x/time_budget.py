@@ -33,8 +33,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from specdec_t5x import benchmark, decoding, models, speculative, steps
+from specdec_t5x import benchmark, decoding, models, speculative, steps, theory
 
 Array = jax.Array
 
@@ -313,7 +314,8 @@ def eval_time_budget(
     `measure_setup_ms` and `measure_loop_ms`, and composes with the counted calls (`compose`);
     also the same composition with iterations from Eq. 1 at the measured α instead of counted
     (`predicted_speedup_alpha_iterations`; the difference is Jensen's gap: α varies per example
-    and EOS truncates blocks).
+    and EOS truncates blocks), and the iterations of that i.i.d. model at the run's output lengths
+    (`theory.expected_iterations`: the last block of each output cut) in the ladder.
 
     Returns:
       `compose`'s dict plus 'setup_ms', 'loop_ms', 'counts', 'predicted_speedup_alpha_iterations',
@@ -352,12 +354,27 @@ def eval_time_budget(
     alpha_iterations = counts["speculative_tokens"] / per_iteration
     speedup = lambda **kw: compose(**{**model, **kw})["predicted_speedup"]  # noqa: E731
     out["predicted_speedup_alpha_iterations"] = speedup(iterations=alpha_iterations)
+    from specdec_t5x import reports  # local: reports imports the decoders
+
+    # The same i.i.d. model at this run's output lengths: each output's last block cut at EOS,
+    # each call running until its slowest row ends (`theory.expected_iterations`).
+    lengths = [int(s.num_generated) for s in runs[gamma].stats]
+    length_iterations = float(
+        np.sum(
+            theory.expected_iterations(
+                reports.group_by_call(lengths, rows_per_call), metrics["alpha_beta"], gamma
+            )
+        )
+    )
     # The gap from Thm 3.8 with measured verify to this prediction, one term added at a time.
     no_setup = {k: 0.0 for k in setup}
     no_loop = {k: 0.0 for k in loop}
     out["ladder"] = {
         "model calls, iterations from Eq. 1 at α": speedup(
             iterations=alpha_iterations, setup=no_setup, loop=no_loop
+        ),
+        "model calls, iterations at α for these output lengths (last block cut)": speedup(
+            iterations=length_iterations, setup=no_setup, loop=no_loop
         ),
         "model calls, counted iterations": speedup(
             iterations=counts["iterations"], setup=no_setup, loop=no_loop
@@ -367,6 +384,7 @@ def eval_time_budget(
         ),
         "+ encoder and cache set-up, fixed per call": out["predicted_speedup"],
     }
+    counts["expected_iterations_at_output_lengths"] = length_iterations
     out.update(setup_ms=setup, loop_ms=loop, counts=counts, measured_speedup=metrics["speedup"])
     # In-loop costs of each model (the other one free), beside the stand-alone ones.
     in_loop = measure_in_loop_ms(

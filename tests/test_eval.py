@@ -8,6 +8,7 @@ import re
 import gin
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from conftest import init_params, perturbed, tiny_config, tiny_spec_pair
 
@@ -19,6 +20,7 @@ from specdec_t5x import (
     network,
     reports,
     speculative,
+    theory,
     vocab,
 )
 
@@ -26,7 +28,8 @@ REQUIRED_KEYS = (
     "task split num_examples gamma temperature topk topp draft speedup alpha_counted alpha_beta "
     "c_measured verify_cost_ratio tokens_per_iteration predicted_speedup_thm38 identical_fraction "
     "baseline_tokens_per_s speculative_tokens_per_s quality hardware commit command "
-    "predicted_speedup_measured_verify predicted_speedup_measured_costs time_budget"
+    "predicted_speedup_measured_verify predicted_speedup_output_lengths "
+    "predicted_speedup_measured_costs time_budget"
 ).split()
 
 
@@ -90,6 +93,24 @@ def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, 
     if budget["counts"]["baseline_tokens"] == budget["counts"]["speculative_tokens"]:
         # Model calls only, iterations from Eq. 1 at α: Thm 3.8 with the measured verify cost.
         assert ladder[0] == pytest.approx(written["predicted_speedup_measured_verify"], rel=1e-9)
+        # The same at the run's output lengths (batch 1): the column beside it.
+        assert ladder[1] == pytest.approx(written["predicted_speedup_output_lengths"], rel=1e-9)
+    lengths = [r["stats"]["num_generated"] for r in rows]
+    assert budget["counts"]["expected_iterations_at_output_lengths"] == pytest.approx(
+        float(np.sum(theory.expected_iterations(lengths, written["alpha_beta"], 3)))
+    )
+    if temperature == 0.0 and written["identical_fraction"] == 1.0:
+        assert written["predicted_speedup_output_lengths"] == pytest.approx(
+            reports.predicted_at_output_lengths(
+                lengths,
+                lengths,
+                [1] * 3,
+                written["alpha_beta"],
+                3,
+                written["c_measured"],
+                written["verify_cost_ratio"],
+            )
+        )
     table = (out / "table_row.md").read_text()
     assert "Predicted (measured costs)" in table
     assert f"| {written['predicted_speedup_measured_costs']:.2f}X |" in table

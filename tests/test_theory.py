@@ -255,3 +255,82 @@ def test_measured_walltime_improvement_generalises_theorem_3_8():
     ]:
         with pytest.raises(ValueError, match=match):
             theory.measured_walltime_improvement(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------------
+# Iterations at finite output lengths (the last block cut at EOS).
+
+
+def _simulate_iterations(lengths, alpha, gamma, trials, rng):
+    """Monte Carlo of Section 3.1's model: per iteration 1 + (accepted drafts, each an independent
+    Bernoulli(α) test, stopping at the first rejection or at γ) tokens; a row needs iterations
+    until its tokens reach its length; a call lasts as long as its slowest row."""
+    total = 0
+    for _ in range(trials):
+        slowest = 0
+        for length in lengths:
+            left, iterations = length, 0
+            while left > 0:
+                tokens = 1
+                while tokens <= gamma and rng.random() < alpha:
+                    tokens += 1
+                left -= tokens
+                iterations += 1
+            slowest = max(slowest, iterations)
+        total += slowest
+    return total / trials
+
+
+@pytest.mark.parametrize(
+    "lengths,alpha,gamma", [([11], 0.52, 5), ([9, 4, 13], 0.55, 3), ([1, 30], 0.8, 7)]
+)
+def test_expected_iterations_matches_a_simulation_of_the_model(lengths, alpha, gamma):
+    rng = np.random.default_rng(0)
+    trials = 4000
+    simulated = _simulate_iterations(lengths, alpha, gamma, trials, rng)
+    expected = theory.expected_iterations([lengths], alpha, gamma)[0]
+    # N <= max(lengths): the standard error is below max(lengths) / (2 sqrt(trials)).
+    assert abs(simulated - expected) < 4 * max(lengths) / (2 * np.sqrt(trials))
+
+
+def test_expected_iterations_limits():
+    # α = 0: one token per iteration; α = 1: whole blocks of γ + 1, the last one cut.
+    assert theory.expected_iterations([7, 0, 1], 0.0, 5).tolist() == [7.0, 0.0, 1.0]
+    assert theory.expected_iterations([7, 13, 4], 1.0, 3).tolist() == [2.0, 4.0, 1.0]
+    # Long outputs: L / Eq. 1 up to O(1) (the last block), i.e. Theorem 3.8's count.
+    long = theory.expected_iterations([2000], 0.6, 4)[0]
+    assert long == pytest.approx(2000 / theory.expected_tokens_per_iteration(0.6, 4), abs=2.0)
+    # Short outputs need more iterations than Eq. 1 counts (11 tokens, α 0.52, γ 5: ~9 % more).
+    short = theory.expected_iterations([11], 0.52, 5)[0]
+    assert short > 1.08 * 11 / theory.expected_tokens_per_iteration(0.52, 5)
+    # A call of two rows lasts at least as long as each row alone, less than both in sequence.
+    one, other = theory.expected_iterations([9, 14], 0.6, 4)
+    both = theory.expected_iterations([[9, 14]], 0.6, 4)[0]
+    assert max(one, other) < both < one + other
+
+
+def test_iterations_pmf_rows_are_distributions():
+    pmf = theory.iterations_pmf(20, 0.65, 4)
+    assert pmf.shape == (21, 21)
+    np.testing.assert_allclose(pmf.sum(axis=1), 1.0, atol=1e-12)
+    assert pmf[0, 0] == 1.0 and pmf[1, 1] == 1.0  # one token: one iteration
+    # L tokens need between ceil(L / (γ + 1)) and L iterations.
+    for length in range(1, 21):
+        support = np.nonzero(pmf[length] > 0)[0]
+        assert support.min() == -(-length // 5) and support.max() == length
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: theory.expected_iterations([3, -1], 0.5, 2), "lengths must be >= 0"),
+        (lambda: theory.expected_iterations([3.0, 2.0], 0.5, 2), "lengths must be integers"),
+        (lambda: theory.expected_iterations(np.zeros((2, 2, 2), int), 0.5, 2), "int \\[calls"),
+        (lambda: theory.expected_iterations([3], 1.5, 2), "alpha must be a number in \\[0, 1\\]"),
+        (lambda: theory.expected_iterations([3], 0.5, 0), "gamma must be an integer >= 1"),
+        (lambda: theory.iterations_pmf(-1, 0.5, 2), "max_length must be an integer >= 0"),
+    ],
+)
+def test_expected_iterations_rejects_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_t5x import decoding, models, reports, speculative, time_budget
+from specdec_t5x import decoding, models, reports, speculative, theory, time_budget
 
 SETUP = {"target_setup_ms": 2.0, "draft_setup_ms": 0.5}
 LOOP = {
@@ -106,3 +106,24 @@ def test_per_call_counts_take_the_longest_row_of_each_call():
     }
     counts = time_budget.per_call_counts(runs, 3, eos, [2, 1])
     assert counts == {"baseline_tokens": 3 + 4, "iterations": 2 + 3, "speculative_tokens": 3 + 4}
+
+
+def test_prediction_at_output_lengths_tends_to_thm_3_8_and_counts_calls():
+    alpha, gamma, c, verify = 0.6, 4, 0.15, 1.2
+    thm = theory.measured_walltime_improvement(alpha, gamma, c, verify)
+    # Long outputs, one row per call: Theorem 3.8 with the measured verify cost.
+    long = reports.predicted_at_output_lengths(
+        [3000] * 2, [3000] * 2, [1, 1], alpha, gamma, c, verify
+    )
+    assert long == pytest.approx(thm, rel=2e-3)
+    # 8-token outputs: each last block is cut, so fewer tokens per iteration than Eq. 1.
+    short = reports.predicted_at_output_lengths([8] * 4, [8] * 4, [1] * 4, alpha, gamma, c, verify)
+    expected = 32 / (4 * theory.expected_iterations([8], alpha, gamma)[0] * (gamma * c + verify))
+    assert short == pytest.approx(expected) and short < 0.95 * thm
+    # Two rows per call: the baseline runs to its longer row, the speculative call to its slower.
+    batched = reports.predicted_at_output_lengths([8, 3], [8, 3], [2], alpha, gamma, c, verify)
+    iterations = theory.expected_iterations([[8, 3]], alpha, gamma)[0]
+    assert batched == pytest.approx(8 / (iterations * (gamma * c + verify)))
+    with pytest.raises(ValueError, match="rows_per_call adds up to 3 rows for 2"):
+        reports.predicted_at_output_lengths([8, 3], [8, 3], [2, 1], alpha, gamma, c, verify)
+    assert reports.group_by_call([5, 6, 7], [2, 1]).tolist() == [[5, 6], [7, 0]]
