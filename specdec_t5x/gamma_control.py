@@ -35,29 +35,28 @@ CostCurve, measure_cost_curve = cost_curve.CostCurve, cost_curve.measure_cost_cu
 step_costs = cost_curve.step_costs
 
 
-def _eq1(alpha: float, gamma: int) -> float:
-    """E(α, γ) (Eq. 1), α = 1 allowed (its limit γ + 1)."""
-    return float(theory.expected_tokens_per_iteration(min(alpha, 1.0 - 1e-9), gamma))
-
-
 @dataclasses.dataclass
 class GammaController:
     """Chooses γ in 0..gamma_max before each call; learns α, the call length and the model's error.
 
     Prediction for γ > 0 (`predictions`): ρ_b · baseline_call(L) / (ρ_s · speculative_call(γ,
-    η · L / E(α, γ))), with the `CostCurve`'s per-call model, where
+    η · N(α, γ))), with the `CostCurve`'s per-call model, where
 
     * α: running mean of β over all speculative calls (`update`), or the prior;
     * L: mean tokens of a call's longest row over the timed calls (any γ);
+    * N(α, γ): the expected iterations of a call at the observed calls' lengths
+      (`iterations_per_call`: Section 3.1's i.i.d. model with each call's last block cut at EOS,
+      `theory.expected_iterations`). Until session 16 this was L / E(α, γ) (Eq. 1), which
+      ignores the cut, and η had to learn it per γ;
     * ρ_b, ρ_s: measured / modelled wall time of the timed baseline and speculative calls, each call
       modelled with its own counts (baseline: its longest row's tokens; speculative: its counted
       iterations) — what the component model misses (e.g. cache copies in the loop carry);
-    * η: counted iterations / (longest row's tokens / E(α, γ)) over the speculative calls (α varies
-      per example, EOS cuts blocks, a batch waits for its slowest row), kept per γ and shrunk
-      toward the pooled η like ρ_s (`iterations_correction`): EOS cuts a long block more than a
-      short one, so η grows with γ on short outputs (session 13, Table 3 summarization at T = 1,
-      ~10-token synopses: η 1.05 at γ = 3, 1.22 at γ = 6), and a pooled η dominated by one γ's
-      calls mispredicts the others (there: γ = 6 on 72 of 100 calls, 0.945 of fixed γ = 3).
+    * η: counted iterations / N(α, γ) at each call's own length, over the speculative calls (what
+      the i.i.d. model misses: α varies per example, a batch waits for its slowest row), kept per
+      γ and shrunk toward the pooled η like ρ_s (`iterations_correction`). With Eq. 1 in place of
+      N, η grew with γ on short outputs (session 13, Table 3 summarization at T = 1, ~10-token
+      synopses: η 1.05 at γ = 3, 1.22 at γ = 6), and a pooled η dominated by one γ's calls
+      mispredicted the others (there: γ = 6 on 72 of 100 calls, 0.945 of fixed γ = 3).
 
     Each correction is 1 until `min_timed_calls` calls of its kind were timed. Probing: γ = 1 while
     α is unknown, then γ = 0 until the baseline is timed `min_timed_calls` times (the baseline
@@ -165,6 +164,7 @@ class GammaController:
       baseline_ratio_sum, baseline_ratio_sq_sum: Σ and Σ² of measured / modelled per baseline
         call (s_b).
       longest_tokens, calls: Σ longest-row tokens and the number of observed calls (L).
+      length_calls: {longest-row tokens: observed calls} (the iterations at these lengths).
       counted_iterations, expected_iterations: Σ over speculative calls (η).
       iterations_by_gamma: {γ: (Σ counted, Σ expected iterations)} over γ's calls (η per γ).
       history: one record per observed call: {'gamma', 'reason' ('probe', 'time_baseline',
@@ -202,6 +202,7 @@ class GammaController:
     modelled_ms: dict = dataclasses.field(default_factory=dict)
     longest_tokens: float = 0.0
     calls: int = 0
+    length_calls: dict = dataclasses.field(default_factory=dict)
     counted_iterations: float = 0.0
     expected_iterations: float = 0.0
     iterations_by_gamma: dict = dataclasses.field(default_factory=dict)
@@ -274,10 +275,28 @@ class GammaController:
         base = k["baseline"] * self.curve.baseline_call_ms(L)
         out = {0: 1.0}
         for g in range(1, self.curve.gamma_max + 1):
-            iterations = self.iterations_correction(g) * L / _eq1(alpha, g)
+            iterations = self.iterations_correction(g) * self.iterations_per_call(alpha, g)
             rho = self.speculative_correction(g)
             out[g] = base / (rho * self.curve.speculative_call_ms(g, iterations))
         return out
+
+    def iterations_per_call(self, alpha: float, gamma: int) -> float:
+        """Iterations per call of γ at α, before η: the mean over the observed calls' lengths
+        of `theory.expected_iterations` (Section 3.1's model, each call's last block cut at EOS).
+
+        Eq. 1's L / E(α, γ) ignores that cut, which costs a larger γ more on short outputs (a
+        ~10-token synopsis at γ = 6); η then had to learn it per γ from each γ's own calls.
+
+        Raises:
+          ValueError: no call observed yet (no lengths).
+        """
+        if not self.length_calls:
+            raise ValueError("iterations_per_call needs at least one observed call (lengths).")
+        lengths = np.fromiter(self.length_calls, np.int64)
+        weights = np.fromiter(self.length_calls.values(), np.float64)
+        alpha = min(max(float(alpha), 0.0), 1.0)
+        per_length = theory.expected_iterations(lengths, alpha, gamma)
+        return float(weights @ per_length / weights.sum())
 
     def choose(self) -> tuple[int, float | None]:
         """(γ, its predicted speedup): the best γ if its prediction exceeds `min_speedup`; else the
@@ -451,7 +470,9 @@ class GammaController:
         else:
             modelled = self.curve.speculative_call_ms(gamma, iterations)
             alpha = self.alpha if self.alpha is not None else 0.0
-            expected = longest_tokens / _eq1(alpha, gamma)
+            expected = float(
+                theory.expected_iterations([int(longest_tokens)], min(alpha, 1.0), gamma)[0]
+            )
             self.counted_iterations += iterations
             self.expected_iterations += expected
             counted_g, expected_g = self.iterations_by_gamma.get(gamma, (0.0, 0.0))
@@ -486,6 +507,7 @@ class GammaController:
         self.exploring = False
         self.longest_tokens += int(longest_tokens)
         self.calls += 1
+        self.length_calls[int(longest_tokens)] = self.length_calls.get(int(longest_tokens), 0) + 1
 
     def time_baseline(self, seconds: float, longest_tokens: int) -> None:
         """Records a timed baseline call made before the run (the calibration's on the first

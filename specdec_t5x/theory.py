@@ -245,6 +245,15 @@ def expected_iterations(lengths, alpha: float, gamma: int) -> np.ndarray:
     if arr.size and arr.min() < 0:
         raise ValueError(f"lengths must be >= 0 tokens; got {int(arr.min())}.")
     top = int(arr.max()) if arr.size else 0
+    if arr.shape[1] == 1:  # one row per call: the mean obeys E[N(L)] = 1 + Σ_k P(k) E[N(L − k)]
+        iterations_pmf(0, alpha, gamma)  # validates alpha and gamma
+        gamma = int(gamma)
+        k = np.arange(1, gamma + 2)
+        p_k = np.where(k <= gamma, float(alpha) ** (k - 1) * (1.0 - alpha), float(alpha) ** gamma)
+        mean = np.zeros(top + 1)
+        for length in range(1, top + 1):
+            mean[length] = 1.0 + p_k @ mean[np.maximum(length - k, 0)]
+        return mean[arr[:, 0]]
     cdf = np.cumsum(iterations_pmf(top, alpha, gamma), axis=1)  # [L, n]: P(N(L) <= n)
     all_done = np.prod(cdf[arr], axis=1)  # [calls, n]: P(max over rows <= n)
     return np.sum(1.0 - all_done, axis=1)

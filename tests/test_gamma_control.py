@@ -129,27 +129,27 @@ def test_controller_corrects_its_model_by_each_calls_own_counts():
         controller.observe(0, controller.curve.baseline_call_ms(6) / 1e3, 6)
     k = controller.corrections()
     assert k["speculative"] == pytest.approx(5.0) and k["baseline"] == pytest.approx(1.0)
-    assert k["iterations"] == pytest.approx(
-        20 / (60 / theory.expected_tokens_per_iteration(0.8, gamma))
-    )
+    assert k["iterations"] == pytest.approx(20 / theory.expected_iterations([60], 0.8, gamma)[0])
     assert controller.tokens_per_call == pytest.approx(33.0)
     assert controller.choose() == (0, 1.0)
     # The same γ measured as modelled, the baseline on other lengths: the controller speculates,
     # and its prediction is the model's for the mean call length (per-token speeds never mixed).
     fast = gamma_control.GammaController(curve(draft_ms=0.2), prior_alpha=0.8)
     gamma, _ = fast.choose()
-    e = theory.expected_tokens_per_iteration(0.8, gamma)
+    n = lambda tokens, g=gamma: theory.expected_iterations([tokens], 0.8, g)[0]  # noqa: E731
     for tokens in (40, 80):
         fast.observe(
-            gamma, fast.curve.speculative_call_ms(gamma, tokens / e) / 1e3, tokens, tokens / e
+            gamma, fast.curve.speculative_call_ms(gamma, n(tokens)) / 1e3, tokens, n(tokens)
         )
         fast.observe(0, fast.curve.baseline_call_ms(3) / 1e3, 3)
     assert fast.corrections() == pytest.approx(
         {"baseline": 1.0, "speculative": 1.0, "iterations": 1.0}
     )
     chosen, predicted = fast.choose()
+    # The baseline at the mean length (linear in L); the iterations at each observed length.
+    iterations = np.mean([n(t, chosen) for t in (40, 80, 3, 3)])
     assert chosen > 0 and predicted == pytest.approx(
-        fast.curve.predicted_speedup(0.8, chosen, 31.5)
+        fast.curve.baseline_call_ms(31.5) / fast.curve.speculative_call_ms(chosen, iterations)
     )
     with pytest.raises(ValueError, match="longest_tokens"):
         fast.observe(1, 0.1, 0, 1)
@@ -386,7 +386,7 @@ def _explore_world(controller, c, loss, calls=100, tokens=30, alpha=0.6):
         if g == 0:
             controller.observe(0, c.baseline_call_ms(tokens) / 1e3, tokens)
             continue
-        iterations = tokens / theory.expected_tokens_per_iteration(alpha, g)
+        iterations = theory.expected_iterations([tokens], alpha, g)[0]  # Section 3.1's model
         controller.update(_stats(alpha))
         noise = 1.05 if i % 2 else 0.95
         ms = noise * loss * c.baseline_call_ms(tokens)
@@ -597,7 +597,7 @@ def _drift_world(controller, c, factor, calls=140, tokens=30, alpha=0.6, spread=
             controller.observe(0, noise * c.baseline_call_ms(tokens) / 1e3, tokens)
             continue
         noise, k = (1 + spread if k % 2 else 1 - spread), k + 1
-        iterations = tokens / theory.expected_tokens_per_iteration(alpha, g)
+        iterations = theory.expected_iterations([tokens], alpha, g)[0]  # Section 3.1's model
         controller.update(_stats(alpha))
         ms = noise * factor(i) * c.speculative_call_ms(g, iterations)
         controller.observe(g, ms / 1e3, tokens, iterations)
@@ -613,7 +613,7 @@ def test_a_gamma_whose_own_calls_pay_is_chosen_below_the_margin():
     kw = dict(
         prior_alpha=0.6, min_speedup=10.0, max_explore_calls=0, baseline_every=0, speculate_every=0
     )
-    iterations = 30 / theory.expected_tokens_per_iteration(0.6, 2)
+    iterations = theory.expected_iterations([30], 0.6, 2)[0]
 
     def controller(speedup, spread, calls=10):
         ctrl = gamma_control.GammaController(c, **kw)
@@ -666,8 +666,9 @@ def test_speculation_is_retimed_while_off_and_comes_back_when_the_machine_speeds
     again. While off near break-even, every speculate_every-th call re-times the best γ."""
     c = curve(draft_ms=1.0, verify_growth=0.5)
     # 40 calls where speculation costs 1.46x its model (about break-even: off), then 100 where it
-    # costs 1.3x (γ = 3 pays ~1.15x).
-    phases = lambda i: 1.46 if i < 40 else 1.3  # noqa: E731
+    # costs 1.27x (γ = 3 pays ~1.15x; 30-token calls, iterations from Section 3.1's model with
+    # the last block cut, `_drift_world`).
+    phases = lambda i: 1.46 if i < 40 else 1.27  # noqa: E731
     retiming = gamma_control.GammaController(c, speculate_every=8)
     seen = _drift_world(retiming, c, phases)
     assert seen[25:40].count(0) >= 12  # off in the slow phase, a re-timing per 8 calls
@@ -690,12 +691,13 @@ def test_iterations_correction_is_per_gamma_shrunk_toward_the_pooled_one():
     c = curve(draft_ms=1.0, verify_growth=0.5)
     controller = gamma_control.GammaController(c, prior_alpha=0.6, gamma_prior_calls=4.0)
     assert controller.iterations_correction(3) == 1.0  # nothing timed
-    e = {g: theory.expected_tokens_per_iteration(0.6, g) for g in (3, 6)}
+    # N: expected iterations of a 20-token call (the i.i.d. model, last block cut).
+    n20 = {g: theory.expected_iterations([20], 0.6, g)[0] for g in (3, 6)}
     for g, eta, n in ((6, 1.2, 12), (3, 1.0, 4)):
         for _ in range(n):
-            controller.observe(g, 0.03, 20, eta * 20 / e[g])
+            controller.observe(g, 0.03, 20, eta * n20[g])
     pooled = controller.corrections()["iterations"]
-    assert pooled == pytest.approx((12 * 1.2 / e[6] + 4 / e[3]) / (12 / e[6] + 4 / e[3]))
+    assert pooled == pytest.approx((12 * 1.2 * n20[6] + 4 * n20[3]) / (12 * n20[6] + 4 * n20[3]))
     assert controller.iterations_correction(3) == pytest.approx((4 * 1.0 + 4 * pooled) / 8)
     assert controller.iterations_correction(6) == pytest.approx((12 * 1.2 + 4 * pooled) / 16)
     assert controller.iterations_correction(2) == pytest.approx(pooled)  # never timed
@@ -703,6 +705,34 @@ def test_iterations_correction_is_per_gamma_shrunk_toward_the_pooled_one():
     L = controller.tokens_per_call
     rho = controller.speculative_correction(3)
     base = controller.corrections()["baseline"] * c.baseline_call_ms(L)
-    own = base / (rho * c.speculative_call_ms(3, controller.iterations_correction(3) * L / e[3]))
-    assert controller.predictions(0.6)[3] == pytest.approx(own)
-    assert own > base / (rho * c.speculative_call_ms(3, pooled * L / e[3]))
+    own = base / (rho * c.speculative_call_ms(3, controller.iterations_correction(3) * n20[3]))
+    assert L == 20 and controller.predictions(0.6)[3] == pytest.approx(own)
+    assert own > base / (rho * c.speculative_call_ms(3, pooled * n20[3]))
+
+
+def test_predicted_iterations_price_the_last_block_cut_at_eos():
+    """Before any correction (η = 1) the prediction counts iterations at the observed lengths
+    (`theory.expected_iterations`), not L / Eq. 1: on ~8-token outputs γ = 6's last block is cut
+    more than γ = 2's, so a larger γ gains less than Eq. 1 says."""
+    c = curve(draft_ms=0.5, verify_growth=0.1)
+    controller = gamma_control.GammaController(c, prior_alpha=0.7)
+    for tokens in (6, 8, 10):  # baseline calls: L and the lengths, no speculative correction yet
+        controller.observe(0, 0.02, tokens)
+    for g in (2, 6):
+        expected = np.mean([theory.expected_iterations([t], 0.7, g)[0] for t in (6, 8, 10)])
+        assert controller.iterations_per_call(0.7, g) == pytest.approx(expected)
+        assert expected > 8 / theory.expected_tokens_per_iteration(0.7, g)
+    # The cut weighs more at γ = 6 (relative to Eq. 1's count) than at γ = 2.
+    excess = {
+        g: controller.iterations_per_call(0.7, g) * theory.expected_tokens_per_iteration(0.7, g) / 8
+        for g in (2, 6)
+    }
+    assert excess[6] > excess[2] > 1.0
+    predicted = controller.predictions(0.7)
+    k = controller.corrections()
+    for g in (2, 6):
+        iterations = controller.iterations_per_call(0.7, g)
+        want = k["baseline"] * c.baseline_call_ms(8) / c.speculative_call_ms(g, iterations)
+        assert predicted[g] == pytest.approx(want)
+    with pytest.raises(ValueError, match="at least one observed call"):
+        gamma_control.GammaController(c).iterations_per_call(0.7, 2)
