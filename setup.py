@@ -25,6 +25,7 @@ INSTALL_REQUIRES = [
     "sacrebleu==2.6.0",
     "rouge-score==0.1.2",
     "numpy==2.4.6",
+    "scipy==1.17.1",  # theory.expected_iterations (a jax requirement too)
     "absl-py==2.5.1",
     "tqdm==4.70.1",
     "matplotlib==3.11.2",

@@ -1,6 +1,6 @@
 """The paper's closed forms for speculative decoding (Leviathan, Kalman, Matias 2022, Section 3).
 
-Pure Python/NumPy; nothing here touches JAX. Vocabulary follows the paper:
+NumPy (and one SciPy filter); nothing here touches JAX. Vocabulary follows the paper:
 
 * `alpha`: expected acceptance rate α = E[β] of one draft token, in [0, 1) (Def. 3.1, Cor. 3.6).
 * `beta`: acceptance rate β = Σ_x min(p(x), q(x)) of one prefix, p = target, q = draft.
@@ -29,6 +29,7 @@ import typing
 from collections.abc import Sequence
 
 import numpy as np
+import scipy.signal
 
 ArrayLike = float | np.ndarray
 
@@ -247,12 +248,12 @@ def expected_iterations(lengths, alpha: float, gamma: int) -> np.ndarray:
     top = int(arr.max()) if arr.size else 0
     if arr.shape[1] == 1:  # one row per call: the mean obeys E[N(L)] = 1 + Σ_k P(k) E[N(L − k)]
         iterations_pmf(0, alpha, gamma)  # validates alpha and gamma
-        gamma = int(gamma)
+        gamma, alpha = int(gamma), float(alpha)
         k = np.arange(1, gamma + 2)
-        p_k = np.where(k <= gamma, float(alpha) ** (k - 1) * (1.0 - alpha), float(alpha) ** gamma)
-        mean = np.zeros(top + 1)
-        for length in range(1, top + 1):
-            mean[length] = 1.0 + p_k @ mean[np.maximum(length - k, 0)]
+        p_k = np.where(k <= gamma, alpha ** (k - 1) * (1.0 - alpha), alpha**gamma)
+        # That recursion is a linear recurrence driven by ones (E[N(m)] = 0 for m <= 0): an IIR
+        # filter, run in C (the auto-γ controller evaluates it for every γ before every call).
+        mean = np.concatenate([[0.0], scipy.signal.lfilter([1.0], [1.0, *(-p_k)], np.ones(top))])
         return mean[arr[:, 0]]
     cdf = np.cumsum(iterations_pmf(top, alpha, gamma), axis=1)  # [L, n]: P(N(L) <= n)
     all_done = np.prod(cdf[arr], axis=1)  # [calls, n]: P(max over rows <= n)
