@@ -245,6 +245,7 @@ def expected_iterations(lengths, alpha: float, gamma: int) -> np.ndarray:
         )
     if arr.size and arr.min() < 0:
         raise ValueError(f"lengths must be >= 0 tokens; got {int(arr.min())}.")
+    arr = arr.astype(np.int64)  # an empty list arrives as float64
     top = int(arr.max()) if arr.size else 0
     if arr.shape[1] == 1:  # one row per call: the mean obeys E[N(L)] = 1 + Σ_k P(k) E[N(L − k)]
         iterations_pmf(0, alpha, gamma)  # validates alpha and gamma

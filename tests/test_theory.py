@@ -297,6 +297,7 @@ def test_expected_iterations_limits():
     # α = 0: one token per iteration; α = 1: whole blocks of γ + 1, the last one cut.
     assert theory.expected_iterations([7, 0, 1], 0.0, 5).tolist() == [7.0, 0.0, 1.0]
     assert theory.expected_iterations([7, 13, 4], 1.0, 3).tolist() == [2.0, 4.0, 1.0]
+    assert theory.expected_iterations([], 0.5, 3).shape == (0,)  # no calls
     # Long outputs: L / Eq. 1 up to O(1) (the last block), i.e. Theorem 3.8's count.
     long = theory.expected_iterations([2000], 0.6, 4)[0]
     assert long == pytest.approx(2000 / theory.expected_tokens_per_iteration(0.6, 4), abs=2.0)
