@@ -339,9 +339,9 @@ def test_every_gin_decoding_setting_reaches_the_decoders_or_errors(data_dir, tmp
     budget = {"predicted_speedup": 1.0}  # timing is not what this test is about
     monkeypatch.setattr(evaluation.time_budget, "eval_time_budget", lambda *a, **k: budget)
     greedy, greedy_tokens = _run_eval_job(tmp_path, "greedy", [])
-    assert greedy["gamma"] == 3 and len(greedy["accept_histogram"]) == 4  # the experiment's γ
+    assert greedy["gamma"] == 1 and len(greedy["accept_histogram"]) == 2  # the experiment's γ
     assert all(b == s for b, s in greedy_tokens)  # argmax mode: speculative == baseline
-    assert set(greedy["gamma_sweep"]) == {"3"}
+    assert set(greedy["gamma_sweep"]) == {"1"}
 
     gamma2, gamma2_tokens = _run_eval_job(tmp_path, "gamma2", ["GAMMA=2", "GAMMAS=[3]"])
     assert gamma2["gamma"] == 2 and len(gamma2["accept_histogram"]) == 3  # statistics change
