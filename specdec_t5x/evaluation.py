@@ -407,6 +407,7 @@ def evaluate(
             gamma=gamma,
             settings=settings,
             repeats=cost_repeats,
+            sources=[b["encoder_input_tokens"] for _, b in batches],
         )
         metrics["time_budget"] = budget
         metrics["predicted_speedup_measured_costs"] = budget["predicted_speedup"]

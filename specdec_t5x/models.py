@@ -343,10 +343,19 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
             target = self.decoder_state(params, encoder_input_tokens, max_decode_len)
             return target, self.draft.prepare(draft_params, encoder_input_tokens, max_decode_len)
         params = self.pack_params(params)
-        encoded = steps.encode(self.module, params, encoder_input_tokens)
-        cache = steps.init_cache(self.module, params, encoded, encoder_input_tokens, max_decode_len)
+        draft_params = self.draft.pack_params(draft_params)  # once, outside the decode loop
+
+        def setup(tokens):  # at the sources' length bucket on the CPU path (`steps.bucketed`)
+            encoded = steps.encode(self.module, params, tokens, buckets=False)
+            cache = steps.init_cache(self.module, params, encoded, tokens, max_decode_len)
+            return cache, self.draft.init_cache(draft_params, tokens, max_decode_len, encoded)
+
+        def pad(caches, enc_len):
+            return tuple(steps.pad_cross_cache(c, enc_len) for c in caches)
+
+        cache, draft_cache = steps.bucketed(params, encoder_input_tokens, setup, pad)
         target = cache, steps.make_block_step(self.module, params, encoder_input_tokens)
-        draft = self.draft.prepare(draft_params, encoder_input_tokens, max_decode_len, encoded)
+        draft = draft_cache, self.draft.make_step(draft_params, encoder_input_tokens)
         return target, draft
 
     def draft_state(self, params, draft_params, encoder_input_tokens: Array, max_decode_len: int):

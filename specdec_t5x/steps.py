@@ -19,6 +19,8 @@ read: a rejected draft costs nothing to roll back (the next call overwrites them
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
@@ -41,14 +43,146 @@ class BlockStep(Protocol):
         ...
 
 
-def encode(module: network.Transformer, params, encoder_input_tokens: Array) -> Array:
+BUCKETS_ENV_VAR = "SPECDEC_ENCODER_BUCKETS"  # "0" encodes every source at its padded length
+MIN_BUCKET = 16  # tokens: the shortest encoder length bucket
+MAX_BUCKETS = 8  # compiled encoder copies per traced set-up (one `lax.switch` branch each)
+
+
+def encoder_length_buckets(enc_len: int) -> tuple[int, ...]:
+    """The encoder lengths a set-up may run at for sources padded to `enc_len` tokens.
+
+    Equal steps of at least `MIN_BUCKET` tokens (a multiple of it), at most `MAX_BUCKETS` of them,
+    the last one `enc_len` itself: 64 -> (16, 32, 48, 64), 256 -> (32, 64, ..., 256), 8 -> (8,).
+
+    Raises:
+      ValueError: enc_len < 1.
+    """
+    if enc_len < 1:
+        raise ValueError(f"enc_len must be >= 1; got enc_len={enc_len}.")
+    step = max(MIN_BUCKET, -(-enc_len // (MAX_BUCKETS * MIN_BUCKET)) * MIN_BUCKET)
+    return (*range(step, enc_len, step), enc_len)
+
+
+def length_bucketing(params, enc_len: int) -> bool:
+    """Whether set-ups with these parameters run the encoder at a length bucket (`bucketed`).
+
+    On for the CPU inference path, i.e. parameters packed for the CPU kernel (`pack_params`: CPU
+    backend, float32 activations, a single device), with more than one bucket for `enc_len`.
+    Off with `SPECDEC_ENCODER_BUCKETS=0` or `SPECDEC_CPU_KERNEL=0` (raw parameters: T5X's
+    padded-length encoder, bit for bit), on accelerators and for raw parameter trees. Read when a
+    function is traced.
+    """
+    if os.environ.get(BUCKETS_ENV_VAR, "1").strip() == "0":
+        return False
+    return cpu_kernel.is_packed(params) and len(encoder_length_buckets(enc_len)) > 1
+
+
+def source_length(encoder_input_tokens: Array) -> Array:
+    """int32 []: the longest source of the batch in tokens (its last non-zero position + 1)."""
+    positions = jnp.arange(1, encoder_input_tokens.shape[1] + 1, dtype=jnp.int32)
+    return jnp.max(jnp.where(encoder_input_tokens != 0, positions, 0), initial=0)
+
+
+def setup_length(params, encoder_input_tokens) -> int:
+    """The encoder length (tokens) a set-up with `params` runs at for these concrete inputs.
+
+    Host-side counterpart of the bucket `bucketed` picks inside jit: enc_len when bucketing is
+    off, else the first of `encoder_length_buckets(enc_len)` holding the longest source.
+
+    Args:
+      params: parameters (raw or packed; decide `length_bucketing`).
+      encoder_input_tokens: int32 [batch, enc_len] (NumPy or a concrete jax array).
+    """
+    enc_len = encoder_input_tokens.shape[1]
+    if not length_bucketing(params, enc_len):
+        return enc_len
+    longest = int(source_length(jnp.asarray(encoder_input_tokens)))
+    return next(b for b in encoder_length_buckets(enc_len) if b >= longest)
+
+
+def _pad_length(tree, axis_from_end: int, enc_len: int):
+    """Zero-pads every leaf of `tree` along axis `ndim - axis_from_end` to `enc_len`."""
+
+    def pad(x):
+        widths = [(0, 0)] * x.ndim
+        widths[x.ndim - axis_from_end] = (0, enc_len - x.shape[x.ndim - axis_from_end])
+        return jnp.pad(x, widths)
+
+    return jax.tree_util.tree_map(pad, tree)
+
+
+def pad_cross_cache(cache, enc_len: int):
+    """`cache` with its cross-attention K/V (`encoder_decoder_attention`, `[..., heads, kv_len,
+    head_dim]`) zero-padded to `kv_len = enc_len`; self-attention entries unchanged."""
+
+    def pad(path, x):
+        names = [getattr(k, "key", getattr(k, "name", "")) for k in path]
+        if "encoder_decoder_attention" in names and x.shape[-2] < enc_len:
+            return _pad_length(x, 2, enc_len)
+        return x
+
+    return jax.tree_util.tree_map_with_path(pad, cache)
+
+
+def bucketed(
+    params,
+    encoder_input_tokens: Array,
+    fn: Callable[[Array], Any],
+    pad: Callable[[Any, int], Any],
+):
+    """`fn` run on the sources cut to the shortest length bucket that holds the batch's longest.
+
+    The set-up of a decode (encoder pass, cross-attention K/V) costs in proportion to the padded
+    source length, while real sources are shorter (DDTP En→De: 27 tokens on average, padded to
+    64; summarization: 116 of 256). On the CPU inference path (`length_bucketing`) the set-up runs
+    at the first of `encoder_length_buckets(enc_len)` that holds every row's tokens, chosen at run
+    time by one `lax.switch` (each bucket compiled once, in the same executable), and `pad`
+    extends the outputs back to `enc_len`: the positions past the bucket hold zeros, which the
+    cross-attention padding mask (from the full `encoder_input_tokens`) never lets through.
+    Real positions get the same values up to float32 summation order (the encoder's matmuls and
+    softmax sums run at another length), so `SPECDEC_CPU_KERNEL=0` keeps T5X's padded-length
+    numerics bit for bit. A row of only padding (no tokens) is encoded at the first bucket.
+
+    Args:
+      params: the parameters `fn` uses (decide `length_bucketing`).
+      encoder_input_tokens: int32 [batch, enc_len], zero-padded at the end.
+      fn: `tokens int32 [batch, bucket] -> outputs` (a pytree).
+      pad: `(outputs, enc_len) -> outputs` at enc_len (e.g. `pad_cross_cache`).
+
+    Returns:
+      `fn`'s outputs at `enc_len` (`fn(encoder_input_tokens)` when bucketing is off).
+    """
+    enc_len = encoder_input_tokens.shape[1]
+    if not length_bucketing(params, enc_len):
+        return fn(encoder_input_tokens)
+    buckets = encoder_length_buckets(enc_len)
+    index = jnp.sum(jnp.asarray(buckets[:-1]) < source_length(encoder_input_tokens))
+    branches = [lambda tokens, b=b: pad(fn(tokens[:, :b]), enc_len) for b in buckets[:-1]] + [fn]
+    return jax.lax.switch(index, branches, encoder_input_tokens)
+
+
+def pad_encoded(encoded: Array, enc_len: int) -> Array:
+    """float32 [batch, bucket, emb] encoder output zero-padded to [batch, enc_len, emb]."""
+    return _pad_length(encoded, 2, enc_len)
+
+
+def encode(
+    module: network.Transformer, params, encoder_input_tokens: Array, buckets: bool = True
+) -> Array:
     """Encoder output float32 [batch, enc_len, emb] of int32 [batch, enc_len] (dropout off).
+
+    On the CPU inference path (packed `params`, `buckets=True`) the encoder runs at a length
+    bucket (`bucketed`): positions past it hold zeros (masked out by every cross-attention).
 
     T5X counterpart: `EncoderDecoderModel._compute_logits_from_slice`'s encoder pass.
     """
-    return module.apply(
-        {"params": params}, encoder_input_tokens, enable_dropout=False, method=module.encode
-    )
+
+    def run(tokens):
+        return module.apply({"params": params}, tokens, enable_dropout=False, method=module.encode)
+
+    if not buckets:
+        return run(encoder_input_tokens)
+    return bucketed(params, encoder_input_tokens, run, pad_encoded)
 
 
 def init_cache(
@@ -170,7 +304,22 @@ def make_block_step(
 def prepare_cache(
     module: network.Transformer, params, encoder_input_tokens: Array, max_decode_len: int
 ):
-    """Encodes once and returns the fresh decode cache (`encode` then `init_cache`)."""
+    """Encodes once and returns the fresh decode cache (`encode` then `init_cache`).
+
+    On the CPU inference path both run at the sources' length bucket (`bucketed`), the cached
+    cross-attention K/V zero-padded to enc_len.
+
+    Args:
+      module: the `network.Transformer`; params: its parameters (raw or packed).
+      encoder_input_tokens: int32 [batch, enc_len]; max_decode_len: L (tokens).
+
+    Returns:
+      The `init_cache` tree (cross-attention K/V [batch, heads, enc_len, head_dim]).
+    """
     params = pack_params(module, params)  # no-op when already packed / the kernel is off
-    encoded = encode(module, params, encoder_input_tokens)
-    return init_cache(module, params, encoded, encoder_input_tokens, max_decode_len)
+
+    def setup(tokens):
+        encoded = encode(module, params, tokens, buckets=False)
+        return init_cache(module, params, encoded, tokens, max_decode_len)
+
+    return bucketed(params, encoder_input_tokens, setup, pad_cross_cache)

@@ -28,7 +28,7 @@ diagnostics `measure_in_loop_ms` (each model inside the real loop, the other fre
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -47,34 +47,61 @@ def measure_setup_ms(
     encoder_input_tokens: Array,
     max_decode_len: int,
     repeats: int = 20,
-) -> dict[str, float]:
+    sources: Sequence[Array] | None = None,
+) -> dict[str, Any]:
     """Medians (ms) of the target's and the draft's encoder pass + cache set-up, one call each.
+
+    On the CPU inference path the set-up runs at the sources' length bucket (`steps.bucketed`),
+    so its cost depends on the call's inputs: with `sources` (every call's inputs of a run), one
+    call per bucket is timed and the result is the mean over the run's calls.
 
     Args:
       spec_model: `models.SpeculativeEncoderDecoderModel` (its `decoder_state`, `draft.prepare`;
         a draft sharing the target's encoder is timed from the target's encoder output).
       target_params, draft_params: as the timed decoders get them (packed).
-      encoder_input_tokens: int32 [batch, enc_len].
+      encoder_input_tokens: int32 [batch, enc_len] (timed when `sources` is None).
       max_decode_len: cache length.
       repeats: interleaved timed rounds (`benchmark.time_interleaved`).
+      sources: optional int32 [batch, enc_len] inputs of each call of the run.
 
     Returns:
-      {'target_setup_ms', 'draft_setup_ms'} per call (whole batch).
+      {'target_setup_ms', 'draft_setup_ms'} per call (whole batch; the mean over `sources`), and
+      'by_length': {encoder length: {'target_setup_ms', 'draft_setup_ms', 'calls'}}.
     """
-    enc = jnp.asarray(encoder_input_tokens)
+    sources = [encoder_input_tokens] if sources is None else list(sources)
+    if not sources:
+        raise ValueError("sources must hold at least one int32 [batch, enc_len] input.")
+    by_length: dict[int, list[Array]] = {}
+    for enc in sources:
+        by_length.setdefault(steps.setup_length(target_params, enc), []).append(enc)
     target = jax.jit(lambda tp, e: spec_model.decoder_state(tp, e, max_decode_len)[0])
-    draft_call = lambda: draft(draft_params, enc)  # noqa: E731
-    if getattr(spec_model.draft, "shares_target_encoder", False):
+    shares = getattr(spec_model.draft, "shares_target_encoder", False)
+    if shares:
         # The draft's set-up is its cache from the target's encoder output (computed anyway).
-        encoded = jax.jit(lambda tp, e: steps.encode(spec_model.module, tp, e))(target_params, enc)
+        encode = jax.jit(lambda tp, e: steps.encode(spec_model.module, tp, e))
         draft = jax.jit(lambda dp, e, x: spec_model.draft.prepare(dp, e, max_decode_len, x)[0])
-        draft_call = lambda: draft(draft_params, enc, encoded)  # noqa: E731
     else:
         draft = jax.jit(lambda dp, e: spec_model.draft.prepare(dp, e, max_decode_len)[0])
-    samples = benchmark.time_interleaved(
-        {"target": lambda: target(target_params, enc), "draft": draft_call}, repeats
-    )
-    return {f"{k}_setup_ms": statistics.median(v) for k, v in samples.items()}
+    calls = {}
+    for length, encs in by_length.items():
+        enc = jnp.asarray(encs[0])
+        calls[("target", length)] = lambda e=enc: target(target_params, e)
+        if shares:
+            x = encode(target_params, enc)
+            calls[("draft", length)] = lambda e=enc, x=x: draft(draft_params, e, x)
+        else:
+            calls[("draft", length)] = lambda e=enc: draft(draft_params, e)
+    samples = benchmark.time_interleaved(calls, repeats)
+    out: dict[str, Any] = {"by_length": {}}
+    for k in ("target", "draft"):
+        total = 0.0
+        for length, encs in by_length.items():
+            ms = statistics.median(samples[(k, length)])
+            row = out["by_length"].setdefault(length, {"calls": len(encs)})
+            row[f"{k}_setup_ms"] = ms
+            total += ms * len(encs)
+        out[f"{k}_setup_ms"] = total / len(sources)
+    return out
 
 
 def _constant_step(vocab: int, eos_id: int):
@@ -307,6 +334,7 @@ def eval_time_budget(
     gamma: int,
     settings: Mapping[str, Any],
     repeats: int = 20,
+    sources: Sequence[Array] | None = None,
 ) -> dict[str, Any]:
     """The eval job's `time_budget`: component costs measured on `batch`'s shapes, composed.
 
@@ -322,10 +350,13 @@ def eval_time_budget(
       'measured_speedup' and 'ladder' (the prediction with the terms added one at a time, from
       the model calls alone, which is Thm 3.8 with the measured verify cost when the iterations
       come from Eq. 1 at α, to the full composition).
+
+    `sources` (int32 [batch, enc_len], every call's encoder inputs) times the set-up at each
+    call's length bucket (`measure_setup_ms`); without it the set-up is `batch`'s.
     """
     enc = batch["encoder_input_tokens"]
     L = batch["decoder_input_tokens"].shape[1]
-    setup = measure_setup_ms(spec_model, target_params, draft_params, enc, L, repeats)
+    setup = measure_setup_ms(spec_model, target_params, draft_params, enc, L, repeats, sources)
     vocab = spec_model.module.config.vocab_size
     loop = measure_loop_ms(enc.shape[0], vocab, L, gamma, settings, spec_model.eos_id, repeats)
     counts = per_call_counts(runs, gamma, spec_model.eos_id, rows_per_call)
@@ -341,7 +372,7 @@ def eval_time_budget(
         target_step_ms=target_ms,
         draft_step_ms=target_ms * costs["c"],
         verify_step_ms=target_ms * costs["verify_cost_ratio"],
-        setup=setup,
+        setup={k: setup[k] for k in ("target_setup_ms", "draft_setup_ms")},
         loop=loop,
     )
     out = compose(
