@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,6 +43,7 @@ VARIANTS = {"buckets": "1", "padded": "0"}
 
 
 def _build(target_gin: str, draft_gin: str):
+    gin.clear_config(clear_constants=True)  # one configuration per task in this process
     gin_utils.parse(
         [f"models/{target_gin}.gin", "decoding/speculative.gin", f"models/{draft_gin}.gin"],
         ["gin_utils.build.obj = (%SPEC_MODEL, %TARGET_PARAMS)"],
