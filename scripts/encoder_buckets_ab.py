@@ -80,7 +80,12 @@ def _measure(name: str, temperature: float, num_examples: int, rounds: int, seed
             jax.block_until_ready(s(params, dparams, batches[0], key))
         calls[(variant, "baseline")] = lambda x, r, b=b: b(params, x, r)
         calls[(variant, "speculative")] = lambda x, r, s=s: s(params, dparams, x, r)
-    for x in batches[:2]:  # warm-up
+    # Warm-up: each length bucket once (a branch's first run pays one-time initialisation).
+    warm = [
+        {**batches[0], "encoder_input_tokens": e}
+        for e in steps.warmup_sources(params, batches[0]["encoder_input_tokens"])
+    ]
+    for x in batches[:2] + warm:
         for fn in calls.values():
             jax.block_until_ready(fn(x, jax.random.PRNGKey(0)))
     order_rng = random.Random(seed)

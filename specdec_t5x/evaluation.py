@@ -46,6 +46,7 @@ from specdec_t5x import (
     provenance,
     reports,
     sampling,
+    steps,
     time_budget,
 )
 
@@ -316,10 +317,14 @@ def evaluate(
     batches = eval_inputs.example_batches(examples, batch_size, input_len, target_len)
 
     # Compile and warm up every function on the evaluation shapes (excluded from timing).
+    # With encoder length buckets, once per bucket: each branch's first run is slow.
     rng0 = jax.random.PRNGKey(seed)
-    jax.block_until_ready(base_fn(target_params, batches[0][1], rng0))
-    for fn in spec_fns.values():
-        jax.block_until_ready(fn(target_params, draft_params, batches[0][1], rng0))
+    first = batches[0][1]
+    for enc in steps.warmup_sources(target_params, first["encoder_input_tokens"]):
+        warm = {**first, "encoder_input_tokens": enc}
+        jax.block_until_ready(base_fn(target_params, warm, rng0))
+        for fn in spec_fns.values():
+            jax.block_until_ready(fn(target_params, draft_params, warm, rng0))
     if auto_decoder is not None:  # measures the cost curve (untimed)
         auto_decoder.compile(auto_decoder.choose(batches[0][1])[0], batches[0][1])
     choices = []  # auto row: (γ chosen, its predicted speedup) per example

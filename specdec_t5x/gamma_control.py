@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_t5x import cost_curve, models, theory
+from specdec_t5x import cost_curve, models, steps, theory
 
 Array = jax.Array
 # The cost curve's names, importable from here as before `cost_curve` was split out.
@@ -686,13 +686,21 @@ class AutoGammaDecoder:
         return calls
 
     def compile(self, gamma: int, batch: Mapping[str, Array]) -> None:
-        """Compiles (and runs once) the decoder of γ for this batch shape, if not done yet."""
+        """Compiles (and runs once) the decoder of γ for this batch shape, if not done yet; with
+        encoder length buckets once per bucket (`steps.warmup_sources`)."""
         key = (gamma, *(tuple(v.shape) for v in batch.values()))
         if key not in self._compiled:
             rng = jax.random.PRNGKey(0)
-            jax.block_until_ready(
-                self._fn(gamma)(self.target_params, self.draft_params, batch, rng)
-            )
+            enc = batch["encoder_input_tokens"]
+            for warm in steps.warmup_sources(self.target_params, enc):
+                jax.block_until_ready(
+                    self._fn(gamma)(
+                        self.target_params,
+                        self.draft_params,
+                        {**batch, "encoder_input_tokens": warm},
+                        rng,
+                    )
+                )
             self._compiled.add(key)
 
     def decode(self, gamma: int, batch: Mapping[str, Array], rng: Array):

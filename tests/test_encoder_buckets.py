@@ -176,3 +176,15 @@ def test_setup_time_is_averaged_over_the_calls_buckets(target):
         assert out[k] == pytest.approx(mean) and out[k] > 0
     with pytest.raises(ValueError, match="at least one"):
         time_budget.measure_setup_ms(spec, packed, draft.params, sources[0], 6, sources=[])
+
+
+@needs_kernel
+def test_warmup_sources_cover_every_bucket(target, monkeypatch):
+    module, params, packed = target
+    enc = encoder_inputs(2, ENC_LEN, [5, 9], vocab=48)
+    sources = steps.warmup_sources(packed, enc)
+    assert [steps.setup_length(packed, s) for s in sources] == [16, 32, 40]
+    assert all(s.shape == enc.shape and s.dtype == jnp.int32 for s in sources)
+    assert steps.warmup_sources(params, enc) == [enc]  # raw parameters: no buckets
+    monkeypatch.setenv(steps.BUCKETS_ENV_VAR, "0")
+    assert steps.warmup_sources(packed, enc) == [enc]
