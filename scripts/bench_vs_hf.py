@@ -31,7 +31,8 @@ def main(argv=None) -> pathlib.Path:
     args = parser.parse_args(argv)
 
     what = "gin_utils.build.obj = (%SPEC_MODEL, %TARGET_PARAMS, %TASK, %GAMMA)"
-    gin_utils.parse(args.gin_file, [*args.gin, what], finalize=False)
+    # HF's assisted generation runs the draft's full logits layer: so do we here (no shortlist).
+    gin_utils.parse(args.gin_file, ["DRAFT_SHORTLIST = None", *args.gin, what], finalize=False)
     spec_model, target_params, task, gamma = gin_utils.build()
     examples, _ = eval_inputs.load_examples(
         task, args.split, args.num_examples, args.input_len, args.target_len

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import network, sampling, steps
+from specdec_t5x import cpu_kernel, network, sampling, steps
 
 Array = jax.Array
 
@@ -120,6 +120,125 @@ class T5Draft(Draft):
 
     def make_step(self, params, encoder_input_tokens):
         return steps.make_block_step(self.module, params, encoder_input_tokens)
+
+
+def frequent_tokens(log_probs, size: int, always: Iterable[int] = (1,)) -> np.ndarray:
+    """The `size` most probable token ids under a unigram (ties: the smaller id), `always` included.
+
+    Args:
+      log_probs: float [vocab] unigram log-probabilities (e.g. `UnigramDraft`'s, fitted on the
+        task's training targets by `fit_ngram_drafts`).
+      size: S, how many ids to return (1 <= S <= vocab).
+      always: ids kept whatever their rank (default: EOS = 1); they replace the least frequent.
+
+    Returns:
+      int32 [S], sorted ascending.
+
+    Raises:
+      ValueError: size outside [1, vocab], or more `always` ids than `size`.
+    """
+    log_probs = np.asarray(log_probs, np.float64).reshape(-1)
+    always = sorted({int(t) for t in always})
+    if not 1 <= size <= log_probs.size or len(always) > size:
+        raise ValueError(
+            f"size must be in [max(1, {len(always)} always-kept ids), vocab={log_probs.size}]; "
+            f"got {size}."
+        )
+    if always and not 0 <= min(always) <= max(always) < log_probs.size:
+        raise ValueError(f"always ids must be in [0, {log_probs.size}); got {always}.")
+    ranked = [int(t) for t in np.lexsort((np.arange(log_probs.size), -log_probs))]
+    keep = set(always)
+    for t in ranked:
+        if len(keep) >= size:
+            break
+        keep.add(t)
+    return np.asarray(sorted(keep), np.int32)
+
+
+def ngram_shortlist(
+    size: int | None, name: str = "ngram_ende", eos_id: int = 1, path=None
+) -> np.ndarray | None:
+    """`frequent_tokens` of a shipped n-gram asset's unigram (the task's training targets).
+
+    Args:
+      size: S tokens (None: no shortlist); name / path: as in `load_ngram_draft`; eos_id: kept.
+
+    Returns:
+      int32 [S] token ids, sorted (None when size is None).
+
+    Raises:
+      FileNotFoundError: no such asset. ValueError: see `frequent_tokens`.
+    """
+    if size is None:
+        return None
+    path = pathlib.Path(path) if path else ASSETS / name / "ngram.npz"
+    if not path.exists():
+        raise FileNotFoundError(f"n-gram file {path} not found (scripts/fit_ngram_drafts.py).")
+    return frequent_tokens(np.load(path)["unigram_log_probs"], size, always=(eos_id,))
+
+
+def shortlist_params(module: network.Transformer, params, token_ids, cpu_weight_dtype=None):
+    """A T5 draft's parameters with its logits layer restricted to an output shortlist.
+
+    The draft then computes logits only for `token_ids` (S columns of `decoder/logits_dense`);
+    every other token gets logit -inf, so q is zero there and the draft never proposes it. This is
+    the frequency-ranked draft vocabulary of FR-Spec (Zhao et al., 2025): the draft's logits
+    layer dominates the bytes a small draft step reads (for the embedded En→De draft, 2 of its
+    2.3 MiB of bfloat16 panels). Exactness does not depend on it: speculative sampling keeps the
+    target's distribution for any q (paper §2.3), and in argmax mode the output is the target's
+    greedy output whatever the draft proposes. Only α changes: a target token outside the
+    shortlist is never drafted.
+
+    Args:
+      module: the draft's `network.Transformer` (its logits layer must be `logits_dense`, i.e.
+        `logits_via_embedding=False`).
+      params: its parameter tree, raw or packed (`steps.pack_params`); not modified.
+      token_ids: int [S] distinct ids in [0, vocab) (e.g. `ngram_shortlist`); None returns
+        `params` unchanged.
+      cpu_weight_dtype: None (keep the tree as it was: packed again with its panels' dtype when
+        `params` was packed, raw otherwise) or 'float32' / 'bfloat16' (pack for the CPU kernel).
+
+    Returns:
+      A new tree: `decoder/logits_dense` holds `kernel_shortlist` float32 [K, S] (or its packed
+      panels) and `shortlist_index` int32 [vocab] (each token's column, -1 outside).
+
+    Raises:
+      ValueError: no `logits_dense` layer, or ids out of range / repeated / empty.
+    """
+    if token_ids is None:
+        return params
+    vocab = module.config.vocab_size
+    ids = np.asarray(token_ids).reshape(-1)
+    if ids.size == 0 or ids.min() < 0 or ids.max() >= vocab or np.unique(ids).size != ids.size:
+        raise ValueError(
+            f"token_ids must be distinct ids in [0, {vocab}) (at least one); got {ids.size} ids "
+            f"in [{ids.min() if ids.size else None}, {ids.max() if ids.size else None}]."
+        )
+    packed_dtype = cpu_kernel.packed_weight_dtype(params)
+    raw = steps.unpack_params(module, params)
+    dense = raw.get("decoder", {}).get("logits_dense", {})
+    if cpu_kernel.SHORTLIST_INDEX_NAME in dense:
+        old = np.asarray(dense[cpu_kernel.SHORTLIST_INDEX_NAME])
+        if np.any(old[ids] < 0):
+            raise ValueError("token_ids must lie inside the tree's existing shortlist.")
+        kernel = jnp.take(dense[cpu_kernel.SHORTLIST_KERNEL_NAME], jnp.asarray(old[ids]), axis=1)
+    elif "kernel" in dense:
+        kernel = jnp.take(dense["kernel"], jnp.asarray(ids), axis=1)
+    else:
+        raise ValueError(
+            "shortlist_params needs a draft with a decoder/logits_dense layer (T5 v1.1, "
+            "logits_via_embedding=False)."
+        )
+    index = np.full((vocab,), -1, np.int32)
+    index[ids] = np.arange(ids.size, dtype=np.int32)
+    decoder = dict(raw["decoder"])
+    decoder["logits_dense"] = {
+        cpu_kernel.SHORTLIST_KERNEL_NAME: kernel,
+        cpu_kernel.SHORTLIST_INDEX_NAME: jnp.asarray(index),
+    }
+    out = {**raw, "decoder": decoder}
+    dtype = cpu_weight_dtype or packed_dtype
+    return steps.pack_params(module, out, dtype) if dtype else out
 
 
 # The subtrees a `network.TargetEncoderTransformer` takes from the target: its name -> target's.

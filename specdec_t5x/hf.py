@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import numpy as safetensors_numpy
 
-from specdec_t5x import network, steps
+from specdec_t5x import cpu_kernel, network, steps
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -232,7 +232,8 @@ def export_hf(
       `out_dir` as a Path.
 
     Raises:
-      ValueError: unknown format or activations HF cannot express.
+      ValueError: unknown format, activations HF cannot express, or a tree with an output
+        shortlist (`drafts.shortlist_params`).
       ImportError: `'pytorch'` without torch.
     """
     if file_format not in ("safetensors", "pytorch"):
@@ -240,6 +241,12 @@ def export_hf(
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     params = steps.unpack_params(network.Transformer(config), params)
+    if cpu_kernel.SHORTLIST_INDEX_NAME in params.get("decoder", {}).get("logits_dense", {}):
+        raise ValueError(
+            "export_hf needs the full logits layer; this tree has an output shortlist "
+            "(drafts.shortlist_params). Export the draft's parameters before shortlisting (gin: "
+            "DRAFT_SHORTLIST = None)."
+        )
     entries = name_map(config)
     if not config.logits_via_embedding:
         entries.append((("decoder", "logits_dense", "kernel"), "lm_head.weight", True))

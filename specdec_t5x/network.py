@@ -238,11 +238,32 @@ class Dense(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
+        if self.has_variable("params", cpu_kernel.SHORTLIST_INDEX_NAME):
+            return self._shortlist(x)
         if self.has_variable("params", cpu_kernel.PACKED_NAME):
             packed = self.get_variable("params", cpu_kernel.PACKED_NAME)
             return cpu_kernel.dense(x, packed, self.features, self.dtype)
         kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
         return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+    def _shortlist(self, x: Array) -> Array:
+        """A draft's logits over its output shortlist (`drafts.shortlist_params`): only the S
+        shortlisted columns are computed; every other token's logit is -inf."""
+        index = self.get_variable("params", cpu_kernel.SHORTLIST_INDEX_NAME)  # int32 [features]
+        if index.shape != (self.features,):
+            raise ValueError(
+                f"{cpu_kernel.SHORTLIST_INDEX_NAME} must be int32 [{self.features}]; got "
+                f"{index.shape}."
+            )
+        if self.has_variable("params", cpu_kernel.PACKED_NAME):
+            packed = self.get_variable("params", cpu_kernel.PACKED_NAME)
+            y = cpu_kernel.dense(x, packed, packed.shape[0] * cpu_kernel.PANEL, jnp.float32)
+        else:
+            kernel = self.get_variable("params", cpu_kernel.SHORTLIST_KERNEL_NAME)
+            y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype)).astype(jnp.float32)
+        y = jnp.concatenate([y, jnp.full(y.shape[:-1] + (1,), -jnp.inf, y.dtype)], axis=-1)
+        index = jnp.where(index < 0, y.shape[-1] - 1, index)  # outside: the -inf column
+        return jnp.take(y, index, axis=-1).astype(self.dtype)
 
 
 class MlpBlock(nn.Module):

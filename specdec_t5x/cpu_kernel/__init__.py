@@ -51,6 +51,11 @@ Array = jax.Array
 
 PANEL = 32  # output columns per packed panel
 PACKED_NAME = "kernel_packed"  # parameter name of a packed Dense kernel
+# A draft's output-vocabulary shortlist (`drafts.shortlist_params`): the logits layer holds only
+# the shortlisted columns, raw `kernel_shortlist [K, S]` or packed, and `shortlist_index int32
+# [vocab]` (each token's column, -1 outside the shortlist: logit -inf).
+SHORTLIST_KERNEL_NAME = "kernel_shortlist"
+SHORTLIST_INDEX_NAME = "shortlist_index"
 WEIGHT_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ENV_VAR = "SPECDEC_CPU_KERNEL"  # "0" turns the kernel off
 ATTENTION_ENV_VAR = "SPECDEC_CPU_ATTENTION"  # "0" keeps XLA's attention with packed weights (A/B)
@@ -498,7 +503,7 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
 
     def pack_dense(path, dense: dict) -> dict:
         dense = dict(dense)
-        kernel = dense.pop("kernel")
+        kernel = dense.pop(SHORTLIST_KERNEL_NAME if SHORTLIST_INDEX_NAME in dense else "kernel")
         if kernel.ndim == 3:  # scanned layers: [layers, K, N] -> [layers, P, K, 32]
             dense[PACKED_NAME] = jax.vmap(lambda w: pack(w, weight_dtype))(kernel)
         else:
@@ -543,9 +548,13 @@ def unpack_params(params, out_features):
         if PACKED_NAME not in dense:
             return dense
         dense = dict(dense)
-        packed, n = dense.pop(PACKED_NAME), int(out_features(path))
+        packed = dense.pop(PACKED_NAME)
         scanned = packed.ndim == 4  # [layers, P, K, 32]
-        dense["kernel"] = jax.vmap(lambda w: unpack(w, n))(packed) if scanned else unpack(packed, n)
+        if SHORTLIST_INDEX_NAME in dense:  # a shortlist keeps its (zero-padded) packed width
+            name, n = SHORTLIST_KERNEL_NAME, packed.shape[-3] * PANEL
+        else:
+            name, n = "kernel", int(out_features(path))
+        dense[name] = jax.vmap(lambda w: unpack(w, n))(packed) if scanned else unpack(packed, n)
         return dense
 
     return _map_projections(params, unpack_dense)
