@@ -37,6 +37,7 @@ from specdec_t5x import (
     models,
     provenance,
     speculative,
+    steps,
     time_budget,
 )
 
@@ -90,35 +91,54 @@ def run(task: str, examples: int, rounds: int, gamma: int, sizes, decompose: boo
         shift = positions.astype(jnp.float32) * 1e-6 + total * 1e-30
         return jnp.broadcast_to(row, tokens.shape + (vocab,)) + shift[:, None, None], cache
 
-    def spec(ts, ds):
-        return jax.jit(
-            lambda tc, dc: speculative.speculative_sample(
+    def target(p, enc):
+        return steps.make_block_step(model.module, p, enc)
+
+    def draft_step(p, enc):
+        return draft.make_step(p, enc)
+
+    def spec(make_target, make_draft):  # compiled once: params and inputs are arguments
+        def fn(tp, dp, enc, tc, dc):
+            ts, ds = make_target(tp, enc), make_draft(dp, enc)
+            return speculative.speculative_sample(
                 inputs, tc, ts, dc, ds, eos, gamma=gamma, temperature=0.0
             )
+
+        return jax.jit(fn)
+
+    def freely(step):
+        return lambda p, enc: step
+
+    base = jax.jit(
+        lambda tp, enc, tc: decoding.temperature_sample(
+            inputs, tc, models.one_token_logits_fn(target(tp, enc)), eos, temperature=0.0
+        )[0]
+    )
+    variants = {"RR": spec(target, draft_step)}
+    if decompose:
+        variants.update(
+            RF=spec(target, freely(free)),
+            FR=spec(freely(free), draft_step),
+            FF=spec(freely(free), freely(free)),
+            SR=spec(freely(sweep), draft_step),
+            SF=spec(freely(sweep), freely(free)),
         )
+    for s in shortlisted:
+        variants[f"shortlist {s}"] = variants["RR"]
 
     exs, _ = eval_inputs.load_examples(task, "validation", examples, enc_len, 64)
     ms, counts = {}, {}
     for e in exs:
         enc = jnp.asarray(eval_inputs.pad_rows([e["inputs"]], enc_len))
-        (tc, ts), (dc, ds) = model.states(params, draft.params, enc, 64)
-        base = jax.jit(
-            lambda tc, ts=ts: decoding.temperature_sample(
-                inputs, tc, models.one_token_logits_fn(ts), eos, temperature=0.0
-            )[0]
-        )
-        fns = {"baseline": (base, (tc,)), "RR": (spec(ts, ds), (tc, dc))}
-        if decompose:
-            fns.update(
-                RF=(spec(ts, free), (tc, free_cache)),
-                FR=(spec(free, ds), (free_cache, dc)),
-                FF=(spec(free, free), (free_cache, free_cache)),
-                SR=(spec(sweep, ds), (sweep_buffer, dc)),
-                SF=(spec(sweep, free), (sweep_buffer, free_cache)),
-            )
-        for s, p in shortlisted.items():
-            fns[f"shortlist {s}"] = (spec(ts, draft.make_step(p, enc)), (tc, dc))
-        reference = np.asarray(base(tc)).reshape(-1)[:64]
+        (tc, _), (dc, _) = model.states(params, draft.params, enc, 64)
+        caches = {"R": tc, "F": free_cache, "S": sweep_buffer}
+        draft_caches = {"R": dc, "F": free_cache}
+        fns = {"baseline": (base, (params, enc, tc))}
+        for k, fn in variants.items():
+            dp = shortlisted[int(k.split()[1])] if k.startswith("shortlist") else draft.params
+            t, d = ("R", "R") if k.startswith("shortlist") else (k[0], k[1])
+            fns[k] = (fn, (params, dp, enc, caches[t], draft_caches[d]))
+        reference = np.asarray(base(params, enc, tc)).reshape(-1)[:64]
         for k, (f, a) in fns.items():
             out = f(*a)
             if k == "baseline":
