@@ -87,8 +87,7 @@ def test_hf_export_refuses_a_shortlisted_tree(tiny_target, tmp_path):
         hf.export_hf(short, module.config, tmp_path / "hf")
 
 
-@pytest.mark.parametrize("kernel", ["1", "0"])
-@pytest.mark.parametrize("gamma", [1, 3, 5])
+@pytest.mark.parametrize("gamma, kernel", [(1, "1"), (4, "1"), (3, "0")])
 def test_greedy_speculative_with_a_shortlisted_draft_equals_greedy(
     tiny_target, gamma, kernel, monkeypatch
 ):
@@ -114,8 +113,8 @@ def test_greedy_speculative_with_a_shortlisted_draft_equals_greedy(
 def test_sampling_with_a_shortlisted_draft_reaches_tokens_outside_the_shortlist(tiny_target):
     """At T = 1 the target's residual supplies the tokens the draft cannot propose."""
     module, params = tiny_target
-    enc = encoder_inputs(64, 9, [9] * 64)
-    batch = {"encoder_input_tokens": enc, "decoder_input_tokens": jnp.zeros((64, 8), jnp.int32)}
+    enc = encoder_inputs(32, 9, [9] * 32)
+    batch = {"encoder_input_tokens": enc, "decoder_input_tokens": jnp.zeros((32, 8), jnp.int32)}
     draft_params = drafts.shortlist_params(module, perturbed(params, 0.05, 1), SHORTLIST)
     spec = models.SpeculativeEncoderDecoderModel(module, drafts.T5Draft(module, draft_params))
     out, aux = spec.predict_batch_with_aux(
