@@ -171,10 +171,8 @@ def ngram_shortlist(
     """
     if size is None:
         return None
-    path = pathlib.Path(path) if path else ASSETS / name / "ngram.npz"
-    if not path.exists():
-        raise FileNotFoundError(f"n-gram file {path} not found (scripts/fit_ngram_drafts.py).")
-    return frequent_tokens(np.load(path)["unigram_log_probs"], size, always=(eos_id,))
+    log_probs = np.load(_ngram_path(name, path))["unigram_log_probs"]
+    return frequent_tokens(log_probs, size, always=(eos_id,))
 
 
 def shortlist_params(module: network.Transformer, params, token_ids, cpu_weight_dtype=None):
@@ -411,6 +409,17 @@ def save_ngram_drafts(path, unigram: UnigramDraft, bigram: BigramDraft) -> None:
     np.savez_compressed(path, **{k: np.asarray(v) for k, v in arrays.items()})
 
 
+def _ngram_path(name: str, path=None) -> pathlib.Path:
+    """The `.npz` of an n-gram asset (`ASSETS/<name>/ngram.npz`, or `path`); raises
+    FileNotFoundError when it is missing."""
+    path = pathlib.Path(path) if path else ASSETS / name / "ngram.npz"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"n-gram draft file {path} not found (scripts/fit_ngram_drafts.py)."
+        )
+    return path
+
+
 def load_ngram_draft(kind: str, name: str = "ngram_ende", path=None):
     """Loads a shipped (or saved) n-gram draft.
 
@@ -422,12 +431,7 @@ def load_ngram_draft(kind: str, name: str = "ngram_ende", path=None):
     Raises:
       ValueError: unknown kind. FileNotFoundError: no such file.
     """
-    path = pathlib.Path(path) if path else ASSETS / name / "ngram.npz"
-    if not path.exists():
-        raise FileNotFoundError(
-            f"n-gram draft file {path} not found (scripts/fit_ngram_drafts.py)."
-        )
-    data = np.load(path)
+    data = np.load(_ngram_path(name, path))
     if kind == "unigram":
         return UnigramDraft(data["unigram_log_probs"])
     if kind == "bigram":

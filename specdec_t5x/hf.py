@@ -238,8 +238,6 @@ def export_hf(
     """
     if file_format not in ("safetensors", "pytorch"):
         raise ValueError(f"file_format must be 'safetensors' or 'pytorch'; got {file_format!r}.")
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     params = steps.unpack_params(network.Transformer(config), params)
     if cpu_kernel.SHORTLIST_INDEX_NAME in params.get("decoder", {}).get("logits_dense", {}):
         raise ValueError(
@@ -247,6 +245,8 @@ def export_hf(
             "(drafts.shortlist_params). Export the draft's parameters before shortlisting (gin: "
             "DRAFT_SHORTLIST = None)."
         )
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     entries = name_map(config)
     if not config.logits_via_embedding:
         entries.append((("decoder", "logits_dense", "kernel"), "lm_head.weight", True))
