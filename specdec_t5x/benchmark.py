@@ -190,7 +190,10 @@ def call_order(names: Sequence[Hashable], index: int, seed: int = 0) -> list:
 
 
 def time_interleaved(
-    calls: Mapping[Hashable, Callable[[], Any]], repeats: int, warmup: int = 3
+    calls: Mapping[Hashable, Callable[[], Any]],
+    repeats: int,
+    warmup: int = 3,
+    shuffle: bool = False,
 ) -> dict[Hashable, list[float]]:
     """Milliseconds per call: compiled and warmed up first, then rounds in rotating order.
 
@@ -199,6 +202,10 @@ def time_interleaved(
         `jax.block_until_ready`).
       repeats: timed rounds; each round times every call once.
       warmup: untimed rounds after the first (compiling) one.
+      shuffle: each round in a seeded random order (`call_order`) instead of a rotation. In a
+        rotation a call follows the same call in all rounds but one, so a call that warms the
+        CPU's caches for the next (a short loop before the same loop made longer) biases their
+        difference; a random order gives every call every predecessor alike.
 
     Returns:
       name -> list of `repeats` wall-clock durations in milliseconds.
@@ -215,7 +222,10 @@ def time_interleaved(
             run(name)
     samples: dict[Hashable, list[float]] = {name: [] for name in names}
     for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        order = (
+            call_order(names, r) if shuffle else names[r % len(names) :] + names[: r % len(names)]
+        )
+        for name in order:
             samples[name].append(run(name))
     return samples
 
@@ -249,6 +259,66 @@ def paired_ratio(numerator_ms: Sequence[float], denominator_ms: Sequence[float])
     return float(statistics.median(ratios))
 
 
+# A loop's per-step slope is floored here (ms): a step cheaper than the timer's noise (tiny test
+# models) can read <= 0 in a round, and the ratios need positive step costs.
+_FLOOR_MS = 1e-6
+# The long loop's length in short loops (`time_decoder_steps`).
+LONG_LOOP = 4
+
+
+def _loop(step: Callable[..., Any]) -> Callable[..., Any]:
+    """`(args, tokens, positions, cache, n) -> (float32 [batch], cache)`: `step` n times in a
+    `lax.fori_loop` with the cache as carry, one logit per step summed to keep the logits live."""
+
+    def run(args, tokens, positions, cache, n):
+        def body(_, carry):
+            cache, total = carry
+            logits, cache = step(*args, tokens, positions, cache)
+            return cache, total + logits[:, -1, 0]
+
+        total = jnp.zeros((tokens.shape[0],), jnp.float32)
+        cache, total = jax.lax.fori_loop(0, n, body, (cache, total))
+        return total, cache
+
+    return run
+
+
+def _looped(step: Callable[..., Any]) -> Callable[..., Any]:
+    """`step` run n times (n a traced int32 argument) in one jitted loop, the cache as carry.
+
+    Returns jitted `(args, tokens, positions, cache, n) -> (float32 [batch], cache)`; the cache is
+    donated. One compilation serves every n.
+    """
+    return jax.jit(_loop(step), donate_argnums=(3,))
+
+
+def _iteration_loop(target_step, draft_step, gamma: int) -> Callable[..., Any]:
+    """n speculative iterations' model calls in one jitted loop: γ draft steps, then a verify call.
+
+    Each call's tokens depend on the previous call's logits (as in the decode loop, where the
+    draft reads the last accepted token and the target reads the draft's tokens), so nothing
+    overlaps. Returns jitted `(target_args, draft_args, one int32 [batch, 1], block int32
+    [batch, γ + 1], positions int32 [batch], (target_cache, draft_cache), n) -> (float32 [batch],
+    caches)`; the caches are donated.
+    """
+
+    def run(target_args, draft_args, one, block, positions, caches, n):
+        def body(_, carry):
+            (target_cache, draft_cache), total = carry
+            for j in range(gamma):
+                dep = (total > 1e30).astype(jnp.int32)[:, None]  # never true; orders the calls
+                logits, draft_cache = draft_step(*draft_args, one + dep, positions + j, draft_cache)
+                total = total + logits[:, -1, 0]
+            dep = (total > 1e30).astype(jnp.int32)[:, None]
+            logits, target_cache = target_step(*target_args, block + dep, positions, target_cache)
+            return (target_cache, draft_cache), total + logits[:, -1, 0]
+
+        total = jnp.zeros((one.shape[0],), jnp.float32)
+        return jax.lax.fori_loop(0, n, body, (caches, total))[::-1]
+
+    return jax.jit(run, donate_argnums=(5,))
+
+
 def looped_steps(step: Callable[..., Any], steps_per_call: int) -> Callable[..., Any]:
     """`step` run `steps_per_call` times in one jitted `lax.fori_loop`, the cache as loop carry.
 
@@ -261,18 +331,8 @@ def looped_steps(step: Callable[..., Any], steps_per_call: int) -> Callable[...,
       jitted `(args tuple, tokens, positions, cache) -> (float32 [batch] sum of one logit per step,
       which keeps the logits live, cache)`; the cache argument is donated.
     """
-
-    def run(args, tokens, positions, cache):
-        def body(_, carry):
-            cache, total = carry
-            logits, cache = step(*args, tokens, positions, cache)
-            return cache, total + logits[:, -1, 0]  # keeps the logits live
-
-        total = jnp.zeros((tokens.shape[0],), jnp.float32)
-        cache, total = jax.lax.fori_loop(0, steps_per_call, body, (cache, total))
-        return total, cache
-
-    return jax.jit(run, donate_argnums=(3,))
+    run = _loop(step)
+    return jax.jit(lambda a, t, p, c: run(a, t, p, c, steps_per_call), donate_argnums=(3,))
 
 
 @contextlib.contextmanager
@@ -305,42 +365,64 @@ def time_decoder_steps(
     steps_per_call: int = 8,
     block_sizes: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """c and the verify-cost ratio of two decoder steps, timed side by side *inside a loop*.
+    """c and the verify-cost ratio of two decoder steps, timed side by side *inside loops*.
 
-    Each timed call runs `steps_per_call` steps in one jitted `lax.fori_loop` with the cache as
-    the loop carry, as in the decode loops; the per-step time is the call's time divided by
-    `steps_per_call`. (Timing one jitted call per step adds a fixed dispatch overhead of ~0.7 ms
-    on CPU, which biases c up and the verify ratio down; see results/verify_cost/.)
+    Every cost is the slope of a loop's time in its length: each loop (the target's one-token
+    step, the draft's step, the γ + 1-token verify call, a k-token call per `block_sizes`, and one
+    speculative iteration's model calls: γ draft steps then the verify call) runs as one jitted
+    loop with the caches as the carry, once with `steps_per_call` steps and once with `LONG_LOOP` (4)
+    times as many, in the same round (rounds in random order: `time_interleaved`'s `shuffle`); per
+    step = (long - short) / (3 * steps_per_call). A call's fixed cost
+    (dispatching a jitted call over the parameter tree, 0.4-0.9 ms on the 2-core CPU, about one
+    target step) cancels; dividing one call's time by its steps did not remove it, and charged
+    ~0.09 ms to every step of an 8-step loop, which overstated T(1) against the decode loops and
+    with it every predicted speedup.
+
+    The draft's cost is also taken *between verify calls*: in the decode loop the target's weight
+    stream evicts the draft from the CPU's caches every iteration (results/verify_cost/
+    loop_interference.md: the draft's γ = 2 steps cost 0.045 ms alone and 0.147 ms after a 24 MiB
+    sweep), a cost no loop of one model sees. `interference_ms` = iteration - verify - γ draft,
+    per iteration, and `c` = (iteration - verify) / (γ T(1)): the draft's cost per step as the
+    decode loop pays it (the paper's c, "the time for a single run of M_q" divided by M_p's, taken
+    where the runs happen). `c_alone` is the draft's loop on its own.
 
     Args:
       target_step, draft_step: `(*args, tokens int32 [batch, k], positions int32 [batch], cache)
         -> (logits, cache)` (traceable; may already be jitted).
       target_args, draft_args: leading arguments (e.g. params, encoder tokens).
-      target_cache, draft_cache: caches to start from (copied; each timed call chains its own).
-      batch: rows; position: decoder position of the timed steps; gamma: verify block is γ + 1.
+      target_cache, draft_cache: caches to start from (copied; each loop chains its own).
+      batch: rows; position: decoder position of the timed steps (the draft's j-th step of an
+        iteration at position + j); gamma: verify block is γ + 1, γ >= 1.
       repeats, warmup: see `time_interleaved`.
-      steps_per_call: steps per timed call.
+      steps_per_call: steps of the short loop (the long one runs `LONG_LOOP` times as many), >= 1.
       block_sizes: extra target block sizes k to time in the same rounds (the cost curve T(k)).
 
     Returns:
-      dict with `target_step_ms`, `draft_step_ms`, `verify_step_ms` (medians per step),
-      `*_step_ms_iqr` ([p25, p75]), `c` = draft / target and `verify_cost_ratio` = verify / target
-      (each the median over rounds of the ratio within a round: `paired_ratio`),
-      `steps_per_call`, and `block_step_ms` {k: median ms of a k-token target call}.
-    """
+      dict with `target_step_ms`, `draft_step_ms` (alone), `verify_step_ms`, `iteration_ms` (γ
+      draft steps + verify, in one loop) (medians per step of the slopes, ms), `*_step_ms_iqr`
+      ([p25, p75]), `fixed_call_ms` {loop: median fixed cost of one call, ms}, `interference_ms`
+      (per iteration, ms), `c` (in the loop, as above), `c_alone` = draft / target and
+      `verify_cost_ratio` = verify / target (each the median over rounds of the ratio within a
+      round: `paired_ratio`), `steps_per_call`, and `block_step_ms` {k: median ms of a k-token
+      target call}.
 
-    target_step = looped_steps(target_step, steps_per_call)
-    draft_step = looped_steps(draft_step, steps_per_call)
+    Raises:
+      ValueError: gamma < 1 or steps_per_call < 1.
+    """
+    if gamma < 1 or steps_per_call < 1:
+        raise ValueError(f"need gamma >= 1 and steps_per_call >= 1; got {gamma}, {steps_per_call}.")
+    target_loop, draft_loop = _looped(target_step), _looped(draft_step)
+    iteration_loop = _iteration_loop(target_step, draft_step, gamma)
     pos = jnp.full((batch,), position, jnp.int32)
     one = jnp.full((batch, 1), 5, jnp.int32)
     block = jnp.full((batch, gamma + 1), 5, jnp.int32)
-    setups = {
-        "target": (target_step, target_args, one, target_cache),
-        "draft": (draft_step, draft_args, one, draft_cache),
-        "verify": (target_step, target_args, block, target_cache),
+    loops = {
+        "target": (target_loop, target_args, one, target_cache),
+        "draft": (draft_loop, draft_args, one, draft_cache),
+        "verify": (target_loop, target_args, block, target_cache),
         **{
             f"block_{k}": (
-                target_step,
+                target_loop,
                 target_args,
                 jnp.full((batch, k), 5, jnp.int32),
                 target_cache,
@@ -348,32 +430,73 @@ def time_decoder_steps(
             for k in block_sizes
         },
     }
-    caches = {k: jax.tree_util.tree_map(jnp.copy, v[3]) for k, v in setups.items()}
+    lengths = {"short": steps_per_call, "long": LONG_LOOP * steps_per_call}
+    caches = {
+        (name, length): jax.tree_util.tree_map(jnp.copy, spec[3])
+        for name, spec in loops.items()
+        for length in lengths
+    }
+    for length in lengths:
+        caches[("iteration", length)] = jax.tree_util.tree_map(
+            jnp.copy, (target_cache, draft_cache)
+        )
 
-    def call(name):
-        step, args, tokens, _ = setups[name]
+    def call(name, length):
+        key, n = (name, length), jnp.int32(lengths[length])
+        if name == "iteration":
+
+            def run():
+                total, caches[key] = iteration_loop(
+                    target_args, draft_args, one, block, pos, caches[key], n
+                )
+                return total, caches[key]
+
+            return run
+        loop, args, tokens, _ = loops[name]
 
         def run():
-            total, caches[name] = step(args, tokens, pos, caches[name])
-            return total, caches[name]
+            total, caches[key] = loop(args, tokens, pos, caches[key], n)
+            return total, caches[key]
 
         return run
 
-    samples = time_interleaved({k: call(k) for k in setups}, repeats, warmup)
-    samples = {k: [v / steps_per_call for v in values] for k, values in samples.items()}
-    median = {name: statistics.median(values) for name, values in samples.items()}
+    names = [*loops, "iteration"]
+    samples = time_interleaved({k: call(*k) for k in caches}, repeats, warmup, shuffle=True)
+    span = lengths["long"] - lengths["short"]
+    per_step = {
+        name: [
+            max((lo - sh) / span, _FLOOR_MS)
+            for lo, sh in zip(samples[(name, "long")], samples[(name, "short")], strict=True)
+        ]
+        for name in names
+    }
+    fixed = {
+        name: statistics.median(
+            sh - lengths["short"] * p
+            for sh, p in zip(samples[(name, "short")], per_step[name], strict=True)
+        )
+        for name in names
+    }
+    median = {name: statistics.median(values) for name, values in per_step.items()}
+    # Per round: the iteration's drafting (>= 0) and what it costs beyond γ lone draft steps.
+    drafting = [
+        max(i - v, 0.0) for i, v in zip(per_step["iteration"], per_step["verify"], strict=True)
+    ]
+    interference = [d - gamma * s for d, s in zip(drafting, per_step["draft"], strict=True)]
     result: dict[str, Any] = {
-        "c": paired_ratio(samples["draft"], samples["target"]),
-        "verify_cost_ratio": paired_ratio(samples["verify"], samples["target"]),
+        "c": paired_ratio([d / gamma for d in drafting], per_step["target"]),
+        "c_alone": paired_ratio(per_step["draft"], per_step["target"]),
+        "verify_cost_ratio": paired_ratio(per_step["verify"], per_step["target"]),
+        "interference_ms": statistics.median(interference),
+        "iteration_ms": median["iteration"],
+        "fixed_call_ms": fixed,
         "steps_per_call": steps_per_call,
         "block_step_ms": {k: median[f"block_{k}"] for k in block_sizes},
     }
-    for name, values in samples.items():
-        if name.startswith("block_"):
-            continue
+    for name in ("target", "draft", "verify"):
         result[f"{name}_step_ms"] = median[name]
         result[f"{name}_step_ms_iqr"] = [
-            float(np.percentile(values, 25)),
-            float(np.percentile(values, 75)),
+            float(np.percentile(per_step[name], 25)),
+            float(np.percentile(per_step[name], 75)),
         ]
     return result

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, steps, theory, time_budget
+from specdec_t5x import benchmark, decoding, models, speculative, steps, theory, time_budget
 
 Array = jax.Array
 
@@ -52,6 +52,9 @@ class CostCurve:
         in the real loops the extra draft steps of γ >= 2 cost more than their isolated time
         (measured / predicted fell from ~1.0 at γ = 1 to ~0.9 at γ = 2 and ~0.8 at γ = 5 in every
         Table-2 row of session 7), which made the model prefer γ = 2 where γ = 1 was faster.
+      interference_ms: what one iteration's model calls cost beyond γ lone draft steps and the
+        verify call (`benchmark.time_decoder_steps`: the draft reloaded into the CPU's caches
+        after each verify call), once per iteration (0: not measured).
     """
 
     block_step_ms: Mapping[int, float]
@@ -63,6 +66,7 @@ class CostCurve:
     baseline_fixed_ms: float = 0.0
     speculative_fixed_ms: Mapping[int, float] = dataclasses.field(default_factory=dict)
     call_scale: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    interference_ms: float = 0.0
 
     @property
     def gamma_max(self) -> int:
@@ -79,8 +83,13 @@ class CostCurve:
         return self.draft_step_ms / self.unit_ms
 
     def iteration_ms(self, gamma: int) -> float:
-        """One speculative iteration of γ >= 1: γ draft steps + T(γ + 1) + o(γ), in ms."""
-        return gamma * self.draft_step_ms + self.block_step_ms[gamma + 1] + self.sampling_ms[gamma]
+        """One speculative iteration of γ >= 1: γ draft steps + interference + T(γ + 1) + o(γ), ms."""
+        return (
+            gamma * self.draft_step_ms
+            + max(self.interference_ms, 0.0)
+            + self.block_step_ms[gamma + 1]
+            + self.sampling_ms[gamma]
+        )
 
     def baseline_call_ms(self, tokens: float) -> float:
         """Modelled wall ms of one baseline call whose longest row generates `tokens` tokens."""
@@ -117,7 +126,7 @@ class CostCurve:
                     gamma,
                     self.c,
                     self.block_step_ms[gamma + 1] / self.unit_ms,
-                    self.sampling_ms[gamma] / self.unit_ms,
+                    (self.sampling_ms[gamma] + max(self.interference_ms, 0.0)) / self.unit_ms,
                 )
             )
         per_iteration = theory.expected_tokens_per_iteration(min(alpha, 1.0 - 1e-9), gamma)
@@ -135,6 +144,7 @@ class CostCurve:
             "baseline_fixed_ms": self.baseline_fixed_ms,
             "speculative_fixed_ms": {str(k): v for k, v in self.speculative_fixed_ms.items()},
             "call_scale": {str(k): v for k, v in self.call_scale.items()},
+            "interference_ms": self.interference_ms,
             "c": self.c,
         }
 
@@ -190,6 +200,28 @@ def calibrated(curve: CostCurve, calls: Mapping[int, Any]) -> CostCurve:
     return dataclasses.replace(curve, call_scale=scale)
 
 
+def _prepared(spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len):
+    """(enc, packed target params, packed draft params, target cache, draft cache), built once."""
+    enc = jnp.asarray(encoder_input_tokens)
+    module, draft = spec_model.module, spec_model.draft
+    # Packed once here for the CPU kernel (no-op when off): the steps run in the timed loops.
+    weight_dtype = getattr(spec_model, "cpu_weight_dtype", "float32")
+    target_params = steps.pack_params(module, target_params, weight_dtype)
+    draft_params = (
+        draft.pack_params(draft_params) if hasattr(draft, "pack_params") else draft_params
+    )
+    target_cache = jax.jit(lambda tp, e: steps.prepare_cache(module, tp, e, max_decode_len))(
+        target_params, enc
+    )
+    encoded = None
+    if getattr(draft, "shares_target_encoder", False):  # its cache reads the target's encoding
+        encoded = jax.jit(lambda tp, e: steps.encode(module, tp, e))(target_params, enc)
+    draft_cache = jax.jit(lambda dp, e, x: draft.init_cache(dp, e, max_decode_len, x))(
+        draft_params, enc, encoded
+    )
+    return enc, target_params, draft_params, target_cache, draft_cache
+
+
 def step_costs(
     spec_model,
     target_params,
@@ -212,23 +244,10 @@ def step_costs(
       `benchmark.time_decoder_steps`'s dict (`c`, `verify_cost_ratio`, `*_step_ms`,
       `block_step_ms`).
     """
-    enc = jnp.asarray(encoder_input_tokens)
+    enc, target_params, draft_params, target_cache, draft_cache = _prepared(
+        spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len
+    )
     module, draft = spec_model.module, spec_model.draft
-    # Packed once here for the CPU kernel (no-op when off): the steps below run in the timed loop.
-    weight_dtype = getattr(spec_model, "cpu_weight_dtype", "float32")
-    target_params = steps.pack_params(module, target_params, weight_dtype)
-    draft_params = (
-        draft.pack_params(draft_params) if hasattr(draft, "pack_params") else draft_params
-    )
-    target_cache = jax.jit(lambda tp, e: steps.prepare_cache(module, tp, e, max_decode_len))(
-        target_params, enc
-    )
-    encoded = None
-    if getattr(draft, "shares_target_encoder", False):  # its cache reads the target's encoding
-        encoded = jax.jit(lambda tp, e: steps.encode(module, tp, e))(target_params, enc)
-    draft_cache = jax.jit(lambda dp, e, x: draft.init_cache(dp, e, max_decode_len, x))(
-        draft_params, enc, encoded
-    )
 
     def draft_step(dp, e, tokens, pos, cache):
         return draft.make_step(dp, e)(tokens, pos, cache)  # the cache is built once, above
@@ -250,6 +269,177 @@ def step_costs(
 
 
 _CURVES: dict[tuple, CostCurve] = {}
+
+
+def loop_costs(
+    spec_model,
+    target_params,
+    draft_params,
+    encoder_input_tokens: Array,
+    max_decode_len: int,
+    gamma: int,
+    settings: Mapping[str, Any],
+    step_timer: Mapping[str, Any] | None = None,
+    *,
+    repeats: int = 15,
+    verification: str = "token",
+) -> dict[str, Any]:
+    """Theorem 3.8's step costs as the decode loops pay them: T(1), the verify call and c.
+
+    The step timer (`step_costs`) times each model's calls in a loop of their own; the decode
+    loops pay more for them. On the 2-core CPU the real speculative loop with a zero-cost draft
+    spent 0.74 ms per iteration on a verify call that the step timer priced at 0.65 ms, and a real
+    draft after each verify call is read back from DRAM (results/verify_cost/
+    loop_interference.md). Here the real loops run on caches built once (set-up not timed):
+
+    * the baseline (`decoding.temperature_sample`, the target alone): T(1) per token;
+    * the speculative loop with the real target and a zero-cost draft (`time_budget.
+      _constant_step`): the verify call per iteration;
+    * the speculative loop with both models real: one iteration's model calls;
+
+    each at two lengths (`max_decode_steps` of max_decode_len // 4 and max_decode_len, EOS
+    replaced by an id the baseline does not emit in max_decode_len tokens, `timing_eos_id`, so
+    that the loops run their length past the real EOS; tokens and iterations are counted, not
+    assumed; past the real EOS the draft is accepted less often than in the run). Per unit = the slope between the two lengths
+    (a call's fixed cost cancels), minus the loop's own work per unit (`time_budget.
+    measure_loop_ms`). c = (iteration - verify) / (γ T(1)) and verify_cost_ratio = verify / T(1)
+    (medians over rounds of the ratios within a round), so Theorem 3.8 with these inputs is
+    E(α, γ) T(1) / iteration. Rounds run in random order (`benchmark.time_interleaved`).
+
+    Args:
+      spec_model: a `models.SpeculativeEncoderDecoderModel`; target_params, draft_params: raw or
+        packed; encoder_input_tokens: int32 [batch, enc_len]; max_decode_len: L (tokens);
+        gamma: γ >= 1; settings: {'temperature', 'topk', 'topp'}.
+      step_timer: `step_costs`'s dict at this γ, for `c_alone` (its lone draft step over this
+        T(1)) and `interference_ms`; None: those two are left out.
+      repeats: timed rounds; verification: 'token' or 'block'.
+
+    Returns:
+      {'target_step_ms', 'verify_step_ms', 'iteration_ms', 'draft_step_ms' ((iteration - verify)
+      / γ) (medians, ms), 'c', 'verify_cost_ratio', 'c_alone', 'interference_ms' (iteration -
+      verify - γ lone draft steps, ms per iteration), 'loop_work_ms' {'per_token',
+      'per_iteration'}, 'slopes_ms' {'baseline', 'speculative', 'verify_only'} (before the loop
+      work is taken off), 'units' {loop: [units at each length]}, 'decode_steps', 'timing_eos_id',
+      'repeats', and 'step_timer' (the dict given)}.
+
+    Raises:
+      ValueError: gamma < 1, max_decode_len < 4, no timing EOS id found among the vocabulary's
+        last 8 ids, or a loop whose two lengths ran the same number of units.
+    """
+    if gamma < 1 or max_decode_len < 4:
+        raise ValueError(f"need gamma >= 1 and max_decode_len >= 4; got {gamma}, {max_decode_len}.")
+    enc, tp, dp, target_cache, draft_cache = _prepared(
+        spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len
+    )
+    module, draft = spec_model.module, spec_model.draft
+    vocab, batch = module.config.vocab_size, enc.shape[0]
+    inputs = jnp.zeros((batch, max_decode_len), jnp.int32)
+    rng = jax.random.PRNGKey(3)
+
+    def baseline_loop(eos):
+        def run(tp, e, tc, n):
+            step = models.one_token_logits_fn(steps.make_block_step(module, tp, e))
+            out = decoding.temperature_sample(
+                inputs, tc, step, eos, rng, max_decode_steps=n, **settings
+            )[0].reshape(batch, -1)
+            hit = out == eos
+            return jnp.max(jnp.where(hit.any(axis=1), jnp.argmax(hit, axis=1) + 1, n))
+
+        return jax.jit(run)
+
+    # The timing EOS: the last ids of the vocabulary (sentinels or the rarest pieces), the first
+    # one the baseline does not emit in max_decode_len tokens (it ends the rows otherwise).
+    full = jnp.int32(max_decode_len)
+    candidates = [i for i in range(vocab - 1, max(vocab - 9, 0) - 1, -1) if i != spec_model.eos_id]
+    for eos in candidates:
+        baseline_fn = baseline_loop(eos)
+        if int(baseline_fn(tp, enc, target_cache, full)) == max_decode_len:
+            break
+    else:
+        raise ValueError(
+            f"loop_costs: the baseline emitted each of the ids {candidates} within "
+            f"{max_decode_len} tokens; no id to time the loops at their full length."
+        )
+    free, free_cache = time_budget._constant_step(vocab, eos), jnp.zeros((), jnp.float32)
+
+    def speculative_loop(free_draft: bool):
+        def run(tp, dp, e, tc, dc, n):
+            draft_step = free if free_draft else draft.make_step(dp, e)
+            _, stats = speculative.speculative_sample(
+                inputs,
+                tc,
+                steps.make_block_step(module, tp, e),
+                free_cache if free_draft else dc,
+                draft_step,
+                eos,
+                gamma=gamma,
+                decode_rng=rng,
+                max_decode_steps=n,
+                verification=verification,
+                **settings,
+            )
+            return jnp.max(stats.num_iterations)
+
+        return jax.jit(run)
+
+    lengths = (max(1, max_decode_len // 4), max_decode_len)
+    speculative_fn, verify_only_fn = speculative_loop(False), speculative_loop(True)
+    calls = {}
+    for n in lengths:
+        n_ = jnp.int32(n)
+        calls[("baseline", n)] = lambda n_=n_: baseline_fn(tp, enc, target_cache, n_)
+        calls[("speculative", n)] = lambda n_=n_: speculative_fn(
+            tp, dp, enc, target_cache, draft_cache, n_
+        )
+        calls[("verify_only", n)] = lambda n_=n_: verify_only_fn(
+            tp, dp, enc, target_cache, draft_cache, n_
+        )
+    units = {k: int(f()) for k, f in calls.items()}  # compiles; units are deterministic
+    names = ("baseline", "speculative", "verify_only")
+    for name in names:
+        if units[(name, lengths[1])] <= units[(name, lengths[0])]:
+            raise ValueError(
+                f"loop_costs: the {name} loop ran {units[(name, lengths[0])]} units at both "
+                f"lengths {lengths}; its timing EOS id {eos} was emitted early."
+            )
+    samples = benchmark.time_interleaved(calls, repeats, warmup=1, shuffle=True)
+    slopes = {
+        name: [
+            (hi - lo) / (units[(name, lengths[1])] - units[(name, lengths[0])])
+            for lo, hi in zip(samples[(name, lengths[0])], samples[(name, lengths[1])], strict=True)
+        ]
+        for name in names
+    }
+    work = time_budget.measure_loop_ms(
+        batch, vocab, max_decode_len, gamma, settings, eos, repeats, verification=verification
+    )
+    per_token, per_iteration = work["baseline_per_token_ms"], work["speculative_per_iteration_ms"]
+    floor = 1e-6
+    t1 = [max(b - per_token, floor) for b in slopes["baseline"]]
+    verify = [max(v - per_iteration, floor) for v in slopes["verify_only"]]
+    iteration = [max(s - per_iteration, floor) for s in slopes["speculative"]]
+    drafting = [max(i - v, 0.0) for i, v in zip(iteration, verify, strict=True)]
+    median = statistics.median
+    out: dict[str, Any] = {
+        "target_step_ms": median(t1),
+        "verify_step_ms": median(verify),
+        "iteration_ms": median(iteration),
+        "draft_step_ms": median(drafting) / gamma,
+        "c": benchmark.paired_ratio([d / gamma for d in drafting], t1),
+        "verify_cost_ratio": benchmark.paired_ratio(verify, t1),
+        "loop_work_ms": {"per_token": per_token, "per_iteration": per_iteration},
+        "slopes_ms": {name: median(v) for name, v in slopes.items()},
+        "units": {name: [units[(name, n)] for n in lengths] for name in names},
+        "decode_steps": list(lengths),
+        "timing_eos_id": eos,
+        "repeats": repeats,
+    }
+    if step_timer is not None:
+        lone = step_timer["draft_step_ms"]
+        out["c_alone"] = lone / out["target_step_ms"]
+        out["interference_ms"] = median(drafting) - gamma * lone
+        out["step_timer"] = dict(step_timer)
+    return out
 
 
 def measure_cost_curve(
@@ -309,6 +499,7 @@ def measure_cost_curve(
         _CURVES[key] = CostCurve(
             costs["block_step_ms"],
             costs["draft_step_ms"],
+            interference_ms=costs["interference_ms"],
             target_setup_ms=setup["target_setup_ms"],
             draft_setup_ms=setup["draft_setup_ms"],
             **loops,

@@ -37,6 +37,7 @@ import tqdm
 
 from specdec_t5x import (
     benchmark,
+    cost_curve,
     cpu_kernel,
     eval_checks,
     eval_inputs,
@@ -76,27 +77,37 @@ def measure_step_costs(
     gamma: int,
     position: int = 8,
     repeats: int = 30,
-) -> dict[str, float]:
-    """c and the verify-cost ratio of this run's target and draft, on the same positions.
+    settings: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """c and the verify-cost ratio of this run's target and draft, as the decode loops pay them.
 
-    One cached target step, one draft step and one γ+1 verify step at decoder position
-    `position`, caches built from `encoder_input_tokens` (int32 [batch, enc_len]); timed by
-    `benchmark.time_decoder_steps` (compiled first, interleaved, medians, steps timed inside a
-    `fori_loop` with the cache as carry, as in the decode loops).
+    First the step timer (`cost_curve.step_costs`: one cached target step, one draft step, one
+    γ+1 verify step and one speculative iteration's calls at decoder position `position`, each a
+    loop's slope in its length, caches built from `encoder_input_tokens`, int32 [batch, enc_len]).
+    With `settings`, then the real decode loops on the same caches (`cost_curve.loop_costs`: T(1)
+    per baseline token, the verify call and one iteration per speculative iteration, the loops'
+    own work taken off), whose c and verify ratio are the ones reported: the step timer's lone
+    loops miss what the decode loops pay (results/verify_cost/loop_interference.md). The step
+    timer's dict is kept under 'step_timer'.
+
+    Args:
+      settings: {'temperature', 'topk', 'topp'} of the run; None: the step timer alone.
 
     Returns:
-      {'target_step_ms', 'draft_step_ms', 'verify_step_ms', their IQRs, 'c' (draft step / target
-      step, the paper's c), 'verify_cost_ratio' (verify step / target step; the paper assumes ~1)}.
+      {'target_step_ms', 'draft_step_ms', 'verify_step_ms' (ms), 'c' (the draft's step / the
+      target's step, the paper's c, in the loop), 'verify_cost_ratio' (verify / target step; the
+      paper assumes ~1), 'c_alone', 'interference_ms', ...}: `cost_curve.loop_costs`'s dict, or
+      `cost_curve.step_costs`'s without `settings`.
     """
-    return gamma_control.step_costs(
-        spec_model,
-        target_params,
-        draft_params,
-        encoder_input_tokens,
-        max_decode_len,
-        gamma,
-        position=position,
-        repeats=repeats,
+    pair = (spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len, gamma)
+    timer = gamma_control.step_costs(*pair, position=position, repeats=repeats)
+    if settings is None:
+        return timer
+    return cost_curve.loop_costs(
+        *pair,
+        {k: settings[k] for k in ("temperature", "topk", "topp") if k in settings},
+        timer,
+        repeats=max(3, repeats // 2),
     )
 
 
@@ -201,6 +212,7 @@ def evaluate(
     cost_repeats: int = 60,
     auto_gamma_max: int = 6,
     measure_time_budget: bool = True,
+    measure_loop_costs: bool = True,
     command: str | None = None,
 ) -> dict[str, Any]:
     """Runs baseline and speculative decoding side by side and writes the results directory.
@@ -236,6 +248,10 @@ def evaluate(
         diagnostics; about 8 extra small compiles) into `metrics['time_budget']` and
         `predicted_speedup_measured_costs`. False skips it (those two keys are then absent; the
         timed runs, step costs and every other metric are unchanged). Auto headlines never have it.
+      measure_loop_costs: True (the default): c and verify/step as the real decode loops pay them
+        (`cost_curve.loop_costs`, 3 extra compiles of the decode loops); False: from the step
+        timer's stand-alone loops alone (`cost_curve.step_costs`), which price the verify call and
+        the draft below what the decode loops pay (results/verify_cost/loop_interference.md).
       command: the command line written with the results (default: `sys.argv`).
 
     Returns:
@@ -246,6 +262,11 @@ def evaluate(
         `sampling_settings` and loose keywords given, `measure_time_budget` not a bool, or an
         empty split.
     """
+    if not isinstance(measure_loop_costs, bool):
+        raise ValueError(
+            f"measure_loop_costs takes True or False; got {measure_loop_costs!r} "
+            f"({type(measure_loop_costs).__name__})."
+        )
     if not isinstance(measure_time_budget, bool):
         raise ValueError(
             f"measure_time_budget takes True or False; got {measure_time_budget!r} "
@@ -384,6 +405,7 @@ def evaluate(
         target_len,
         max(gammas) if gamma == "auto" else gamma,
         repeats=cost_repeats,
+        settings=settings if measure_loop_costs else None,
     )
     headline = gammas[0] if gamma == "auto" else gamma
     metrics = reports.summarise(

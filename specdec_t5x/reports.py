@@ -154,6 +154,28 @@ def _predicted(alpha: float, gamma: int, c: float, verify_cost_ratio: float) -> 
     }
 
 
+def c_at_gamma(costs: dict[str, Any], g: int, gamma: int) -> float:
+    """The draft's in-loop c at γ = g from step costs measured at γ = `gamma`.
+
+    `benchmark.time_decoder_steps` measures c in the loop at one γ: the draft's lone step
+    (`c_alone`) plus the iteration's interference (the draft reloaded into the CPU's caches after
+    each verify call, `interference_ms`, once per iteration) spread over γ steps. At another γ the
+    same interference is spread over g steps. Step costs without these keys (older metrics) give
+    `costs['c']` unchanged.
+
+    Args:
+      costs: `benchmark.time_decoder_steps`'s dict; g: the γ to price (>= 1); gamma: the γ the
+        costs were measured at.
+
+    Returns:
+      c at g (dimensionless, >= 0).
+    """
+    if g == gamma or "c_alone" not in costs or "interference_ms" not in costs:
+        return float(costs["c"])
+    extra = costs["interference_ms"] / (g * costs["target_step_ms"])
+    return max(float(costs["c_alone"]) + extra, 0.0)
+
+
 def group_by_call(values: Sequence[int], rows_per_call: Sequence[int]) -> np.ndarray:
     """Per-example integers grouped by decode call.
 
@@ -252,16 +274,18 @@ def summarise(
         st = {k: np.sum([getattr(s, k) for s in run.stats], axis=0) for k in STAT_KEYS}
         alpha_beta = float(theory.alpha_from_beta(st["beta_sum"], st["num_beta"]))
         alpha_counted = float(theory.alpha_counted(st["num_accepted"], st["num_draft_tokens"]))
-        predicted = _predicted(alpha_beta, g, costs["c"], costs["verify_cost_ratio"])
+        c = c_at_gamma(costs, g, gamma)
+        predicted = _predicted(alpha_beta, g, c, costs["verify_cost_ratio"])
         predicted["predicted_speedup_output_lengths"] = predicted_at_output_lengths(
             base_lengths,
             [int(s.num_generated) for s in run.stats],
             rows_per_call,
             alpha_beta,
             g,
-            costs["c"],
+            c,
             costs["verify_cost_ratio"],
         )
+        predicted["c_at_gamma"] = c
         spec_s = float(np.sum(run.seconds))
         sweep[g] = {
             "speedup": base_s / spec_s,
@@ -288,6 +312,7 @@ def summarise(
     return {
         **{k: head[k] for k in head if k not in ("quality",)},
         "c_measured": costs["c"],
+        "c_alone": costs.get("c_alone"),
         "verify_cost_ratio": costs["verify_cost_ratio"],
         "step_costs": costs,
         "measured_over_predicted": head["speedup"] / head["predicted_speedup_thm38"],
@@ -330,11 +355,17 @@ def table_row(m: dict[str, Any]) -> str:
     lengths = "–" if lengths is None else f"{lengths:.2f}X"
     return (
         f"| {m['task']} | {m['draft']} | {m['temperature']:g} | {m['gamma']} | "
-        f"{m['alpha_beta']:.2f} | {m['c_measured']:.3f} | {m['verify_cost_ratio']:.2f} | "
+        f"{m['alpha_beta']:.2f} | {c_cell(m)} | {m['verify_cost_ratio']:.2f} | "
         f"{m['tokens_per_iteration']:.2f} | {m['speedup']:.2f}X | {m['predicted_speedup_thm38']:.2f}X | "
         f"{m['predicted_speedup_measured_verify']:.2f}X | {lengths} | {costs} | "
         f"{m['identical_fraction']:.2f} |"
     )
+
+
+def c_cell(m: dict[str, Any]) -> str:
+    """The table's c: in the loop (the draft between verify calls), and its lone-loop value."""
+    alone = m.get("c_alone")
+    return f"{m['c_measured']:.3f}" + ("" if alone is None else f" ({alone:.3f} alone)")
 
 
 def auto_choices(m: dict[str, Any]) -> str:
@@ -360,7 +391,7 @@ def _auto_row(m: dict[str, Any]) -> str:
         speed += " ({:.2f}–{:.2f})".format(*m["speedup_interval"])
     return (
         f"| {m['task']} | {m['draft']} | {m['temperature']:g} | auto ({chosen}) | "
-        f"{m['alpha_display']} | {m['c_measured']:.3f} | {m['verify_cost_ratio']:.2f} | "
+        f"{m['alpha_display']} | {c_cell(m)} | {m['verify_cost_ratio']:.2f} | "
         f"{fmt(m['tokens_per_iteration'])} | {speed} | – | "
         f"{fmt(m['predicted_speedup'])}X | – | – | {fmt(m['identical_fraction'])} |"
     )
@@ -429,12 +460,9 @@ def speedup_plot(path, metrics, gammas) -> None:
     ax.set_title(f"γ={metrics['gamma']}, α={metrics['alpha_beta']:.2f}")
     ax = fig.add_subplot(1, 2, 2)
     grid = [int(g) for g in np.arange(1, max(10, max(gammas)) + 1)]
-    alpha, c, v = (
-        metrics["alpha_beta"],
-        metrics["c_measured"],
-        metrics["verify_cost_ratio"],
-    )
-    predicted = [_predicted(alpha, g, c, v) for g in grid]
+    alpha, v = metrics["alpha_beta"], metrics["verify_cost_ratio"]
+    costs = metrics.get("step_costs") or {"c": metrics["c_measured"]}
+    predicted = [_predicted(alpha, g, c_at_gamma(costs, g, metrics["gamma"]), v) for g in grid]
     ax.plot(grid, [p["predicted_speedup_thm38"] for p in predicted], label="Thm 3.8")
     ax.plot(
         grid,
@@ -471,10 +499,22 @@ def step_cost_table(result: dict[str, Any]) -> str:
         f"| {result['draft_step_ms']:.3f} | {result['verify_step_ms']:.3f} | {result['c']:.3f} "
         f"| {result['verify_cost_ratio']:.3f} |\n"
     )
+    alone = result.get("c_alone")  # absent in results written before the in-loop c
+    in_loop = (
+        []
+        if alone is None
+        else [
+            f"c is the draft's cost per step between verify calls ({result['gamma']} draft steps "
+            f"and a verify call per iteration, one loop); alone (a loop of draft steps only) "
+            f"c = {alone:.3f}; interference {result['interference_ms']:.3f} ms per iteration. "
+            "Every cost is a loop's slope in its length (a call's fixed cost removed)."
+        ]
+    )
     notes = [
         f"enc_len {result['enc_len']}, cache length {result['max_len']}, median of "
         f"{result['repeats']} interleaved rounds after {result['warmup']} warm-up rounds; "
         "random weights.",
+        *in_loop,
         *provenance.markdown_lines(result),
     ]
     return header + row + "\n" + "\n".join(f"- {n}" for n in notes) + "\n"

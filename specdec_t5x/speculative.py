@@ -36,6 +36,7 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_t5x import sampling, steps
 from specdec_t5x import verification as verify
@@ -134,7 +135,9 @@ def speculative_sample(
         `decoding.temperature_sample` with the target alone).
       topk: top-k filter applied to both p and q (0 = off).
       topp: nucleus filter applied to both p and q (0 = off).
-      max_decode_steps: optional limit on generated tokens per row (prompt excluded), as T5X.
+      max_decode_steps: optional limit on generated tokens per row (prompt excluded), as T5X: an
+        int (checked to be in [0, max_decode_len]) or an int32 scalar array (may be traced; not
+        checked).
       verification: 'token' (Algorithm 1, token by token) or 'block' (block verification, Sun et
         al., ICLR 2025: same drafts and target call, at least as many accepted drafts per
         iteration, same output distribution); see `verification`. Argmax mode is the same for both.
@@ -178,7 +181,8 @@ def speculative_sample(
     if inputs.ndim != 2:
         raise ValueError(f"inputs must be int32 [batch, max_decode_len]; got shape {inputs.shape}.")
     batch, max_len = inputs.shape
-    if max_decode_steps is not None and not 0 <= int(max_decode_steps) <= max_len:
+    concrete = isinstance(max_decode_steps, int | np.integer)  # else a (traced) int32 scalar
+    if concrete and not 0 <= int(max_decode_steps) <= max_len:
         raise ValueError(
             f"max_decode_steps must be in [0, max_decode_len={max_len}]; got {max_decode_steps}."
         )
@@ -193,7 +197,7 @@ def speculative_sample(
     prompt_len = jnp.sum(jnp.cumprod(inputs[:, 1:] != 0, axis=1), axis=1).astype(jnp.int32)
     limit = jnp.full((batch,), max_len, jnp.int32)
     if max_decode_steps is not None:
-        limit = jnp.minimum(limit, prompt_len + int(max_decode_steps))
+        limit = jnp.minimum(limit, prompt_len + jnp.asarray(max_decode_steps, jnp.int32))
     keep = jnp.arange(max_len)[None, :] <= prompt_len[:, None]
     buffer = jnp.where(keep, inputs, 0).at[:, 0].set(0)
     buffer = jnp.pad(buffer, ((0, 0), (0, gamma + 2)))  # [b, L] -> [b, L + γ + 2]

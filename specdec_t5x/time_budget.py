@@ -424,8 +424,9 @@ def eval_time_budget(
     work = loop["speculative_per_iteration_ms"]
     in_loop["verify_in_loop_ms"] = in_loop["real_target_per_iteration_ms"] - work
     in_loop["drafting_in_loop_ms"] = in_loop["real_draft_per_iteration_ms"] - work
-    in_loop["verify_step_ms"] = costs["verify_step_ms"]
-    in_loop["drafting_step_ms"] = gamma * costs["draft_step_ms"]
+    timer = costs.get("step_timer", costs)  # the stand-alone step loops (`cost_curve.step_costs`)
+    in_loop["verify_step_ms"] = timer["verify_step_ms"]
+    in_loop["drafting_step_ms"] = gamma * timer["draft_step_ms"]
     in_loop["draft_and_verify_one_loop_ms"] = measure_iteration_ms(
         spec_model, target_params, draft_params, batch, gamma, repeats=max(3, repeats // 2)
     )

@@ -28,7 +28,7 @@ def test_measure_c_script_tiny_vs_tiny(tmp_path):
     result = json.loads(path.read_text())
     for key in ("target_step_ms", "draft_step_ms", "verify_step_ms"):
         assert result[key] > 0 and len(result[f"{key}_iqr"]) == 2
-    assert result["c"] > 0 and result["verify_cost_ratio"] > 0
+    assert result["c"] >= 0 and result["c_alone"] > 0 and result["verify_cost_ratio"] > 0
     assert result["target_params"] == result["draft_params"]
     assert result["target_config"]["dtype"] == "float32" and result["target_config"]["emb_dim"] == 8
     assert result["command"].startswith("python scripts/measure_c.py --target tiny")
@@ -54,17 +54,22 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
         benchmark.paired_ratio([1.0, 1.0], [1.0, 0.0])
 
 
-def test_time_decoder_steps_ratios_are_paired_by_round(monkeypatch):
-    # Timings where the medians' ratio (1.5 / 1.0) differs from every round's own ratio (2.0 / 1.1).
-    fake = {
+def test_time_decoder_steps_slopes_paired_by_round(monkeypatch):
+    # Per-step times where the medians' ratio (1.5 / 1.0) differs from every round's own ratio
+    # (2.0 / 1.1), and a fixed cost per call that the slope must remove.
+    per_step = {
         "target": [1.0, 3.0, 0.5, 1.0, 2.0],
         "draft": [0.2, 0.6, 0.1, 0.2, 0.4],
         "verify": [2.0, 6.0, 1.0, 2.2, 4.0],
+        # 2 draft steps + verify, plus 0.5 target steps of interference per iteration.
+        "iteration": [2.9, 8.7, 1.45, 3.1, 5.8],
     }
+    fixed = {"target": 0.7, "draft": 0.5, "verify": 0.9, "iteration": 1.3}
+    steps = {"short": 8, "long": 8 * benchmark.LONG_LOOP}
 
-    def fake_interleaved(calls, repeats, warmup=3):
-        assert set(calls) == set(fake)
-        return {k: [v * 8 for v in fake[k]] for k in calls}  # 8 steps per call
+    def fake_interleaved(calls, repeats, warmup=3, shuffle=False):
+        assert set(calls) == {(k, n) for k in per_step for n in steps} and shuffle
+        return {(k, n): [fixed[k] + steps[n] * v for v in per_step[k]] for k, n in calls}
 
     monkeypatch.setattr(benchmark, "time_interleaved", fake_interleaved)
     module = network.Transformer(tiny_config())
@@ -74,9 +79,17 @@ def test_time_decoder_steps_ratios_are_paired_by_round(monkeypatch):
     result = benchmark.time_decoder_steps(
         step, (), state[0], step, (), state[0], batch=1, position=0, gamma=2, repeats=5
     )
-    assert result["c"] == pytest.approx(0.2)
+    assert result["c_alone"] == pytest.approx(0.2)
+    assert result["c"] == pytest.approx(0.45)  # (iteration - verify) / (γ target): 0.9 / 2
+    assert result["interference_ms"] == pytest.approx(0.5)  # rounds: 0.5, 1.5, 0.25, 0.5, 1.0
     assert result["verify_cost_ratio"] == pytest.approx(2.0)  # medians: 2.2 / 1.0
-    assert result["verify_step_ms"] == pytest.approx(2.2) and result["target_step_ms"] == 1.0
+    assert result["verify_step_ms"] == pytest.approx(2.2)
+    assert result["target_step_ms"] == pytest.approx(1.0)
+    assert result["fixed_call_ms"] == pytest.approx(fixed)
+    with pytest.raises(ValueError, match="gamma >= 1"):
+        benchmark.time_decoder_steps(
+            step, (), state[0], step, (), state[0], batch=1, position=0, gamma=0
+        )
 
 
 def test_measure_step_costs_rejects_bad_settings():

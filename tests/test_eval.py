@@ -76,6 +76,11 @@ def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, 
     assert len(rows) == 3 and {"input", "baseline", "speculative", "stats"} <= set(rows[0])
     assert (out / "speedup.png").stat().st_size > 0
     assert "| ddtp_ende | perturbed-tiny |" in (out / "table_row.md").read_text()
+    # c and verify/step from the real decode loops, the step timer's beside them.
+    costs = written["step_costs"]
+    assert costs["decode_steps"] == [3, 12] and costs["units"]["baseline"] == [3, 12]
+    assert costs["c"] == written["c_measured"] and "c_alone" in costs and "step_timer" in costs
+    assert f"({costs['c_alone']:.3f} alone)" in (out / "table_row.md").read_text()
     # Where the time goes: the components add up to the composed times (batch 1: counted calls).
     budget = written["time_budget"]
     for side in ("baseline", "speculative"):
@@ -128,8 +133,10 @@ def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path)
         cost_repeats=2,
         auto_gamma_max=2,
         measure_time_budget=False,  # the end-to-end test above measures it
+        measure_loop_costs=False,
     )
     assert "time_budget" not in metrics and "predicted_speedup_measured_costs" not in metrics
+    assert "step_timer" not in metrics["step_costs"]  # measure_loop_costs=False: the timer's
     auto = metrics["auto"]
     assert sum(auto["gamma_chosen"].values()) == 2 and auto["gamma_chosen"].get("1", 0) >= 1
     assert auto["best_fixed_gamma"] == 1 and auto["speedup"] > 0
@@ -177,11 +184,10 @@ def test_unknown_task_leaves_no_output_folder(tiny_pair, tmp_path):
 
 
 @pytest.mark.parametrize("value", ["False", 0, None])
-def test_measure_time_budget_takes_a_bool_only(tiny_pair, tmp_path, value):
-    with pytest.raises(ValueError, match="measure_time_budget takes True or False"):
-        evaluation.evaluate(
-            *tiny_pair, "ddtp_ende", str(tmp_path), gamma=1, measure_time_budget=value
-        )
+@pytest.mark.parametrize("flag", ["measure_time_budget", "measure_loop_costs"])
+def test_measurement_flags_take_a_bool_only(tiny_pair, tmp_path, flag, value):
+    with pytest.raises(ValueError, match=f"{flag} takes True or False"):
+        evaluation.evaluate(*tiny_pair, "ddtp_ende", str(tmp_path), gamma=1, **{flag: value})
 
 
 def test_near_tie_report_names_position_and_gap(tiny_pair):
@@ -268,6 +274,7 @@ def test_paper_row_end_to_end_on_synthetic_checkpoints_and_mock_tfds(tmp_path, m
         "TARGET_LEN = 8",
         "GAMMAS = [2]",
         "TIME_BUDGET = False",  # test_eval_end_to_end_writes_complete_results measures it
+        "LOOP_COSTS = False",  # and this
     ]
     gin.clear_config(clear_constants=True)
     try:
@@ -482,6 +489,7 @@ def test_bfloat16_cpu_weights_report_what_flipped(tiny_pair, data_dir, tmp_path)
         target_len=target_len,
         cost_repeats=2,
         measure_time_budget=False,  # not what this test is about
+        measure_loop_costs=False,
     )
     assert metrics["cpu_weight_dtype"] == "bfloat16"
     report = metrics["weight_flips"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import encoder_inputs, perturbed
 
-from specdec_t5x import drafts, gamma_control, models, reports, speculative, theory
+from specdec_t5x import cost_curve, drafts, gamma_control, models, reports, speculative, theory
 
 
 def curve(draft_ms, verify_growth=0.0, overhead_ms=0.0, gamma_max=6):
@@ -736,3 +736,26 @@ def test_predicted_iterations_price_the_last_block_cut_at_eos():
         assert predicted[g] == pytest.approx(want)
     with pytest.raises(ValueError, match="at least one observed call"):
         gamma_control.GammaController(c).iterations_per_call(0.7, 2)
+
+
+def test_loop_costs_times_the_real_loops_by_slope(pair):
+    spec_model, params, batch = pair
+    settings = {"temperature": 0.0, "topk": 0, "topp": 0.0}
+    enc = batch["encoder_input_tokens"]
+    timer = {"draft_step_ms": 0.01}
+    costs = cost_curve.loop_costs(
+        spec_model, params, spec_model.draft.params, enc, MAX_LEN, 2, settings, timer, repeats=2
+    )
+    # The loops ran their two lengths past any real EOS: tokens counted, not assumed.
+    assert costs["decode_steps"] == [MAX_LEN // 4, MAX_LEN]
+    assert costs["units"]["baseline"] == costs["units"]["verify_only"] == [2, MAX_LEN]
+    assert costs["units"]["speculative"][0] < costs["units"]["speculative"][1] <= MAX_LEN
+    assert costs["timing_eos_id"] != spec_model.eos_id
+    assert costs["target_step_ms"] > 0 and costs["verify_cost_ratio"] > 0 and costs["c"] >= 0
+    assert costs["draft_step_ms"] >= 0 and costs["iteration_ms"] > 0
+    assert costs["c_alone"] == pytest.approx(0.01 / costs["target_step_ms"])
+    assert costs["step_timer"] == timer
+    with pytest.raises(ValueError, match="gamma >= 1"):
+        cost_curve.loop_costs(
+            spec_model, params, spec_model.draft.params, enc, MAX_LEN, 0, settings
+        )
