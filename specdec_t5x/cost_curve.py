@@ -456,7 +456,10 @@ def measure_cost_curve(
     """The `CostCurve` of this model pair and shape; measured once per process, then cached.
 
     The cache key is the model pair (object identity), the batch and encoder shape, the decode
-    length, gamma_max, the sampling settings and the verification rule.
+    length, gamma_max, the sampling settings and the verification rule. T(k) is the step timer's
+    (`step_costs`) brought to what the decode loops pay (`loop_costs` at γ = gamma_max: T(1) from
+    the baseline loop, k >= 2 scaled by the loop's verify call over the timer's T(gamma_max + 1));
+    the draft's step is its lone step, plus the loop's interference once per iteration.
 
     Raises:
       ValueError: gamma_max < 1.
@@ -496,10 +499,30 @@ def measure_cost_curve(
             verification,
             repeats,
         )
+        # The step timer's loops price the target's calls below what the decode loops pay
+        # (`loop_costs`): T(1) is taken from the baseline loop, and the k >= 2 calls are scaled by
+        # the decode loop's verify call over the step timer's at k = gamma_max + 1.
+        in_loop = loop_costs(
+            spec_model,
+            target_params,
+            draft_params,
+            encoder_input_tokens,
+            max_decode_len,
+            gamma_max,
+            settings,
+            costs,
+            repeats=max(3, repeats // 2),
+            verification=verification,
+        )
+        scale = in_loop["verify_step_ms"] / costs["block_step_ms"][gamma_max + 1]
+        blocks = {
+            k: in_loop["target_step_ms"] if k == 1 else ms * scale
+            for k, ms in costs["block_step_ms"].items()
+        }
         _CURVES[key] = CostCurve(
-            costs["block_step_ms"],
+            blocks,
             costs["draft_step_ms"],
-            interference_ms=costs["interference_ms"],
+            interference_ms=in_loop["interference_ms"],
             target_setup_ms=setup["target_setup_ms"],
             draft_setup_ms=setup["draft_setup_ms"],
             **loops,
