@@ -23,14 +23,23 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, decoding, models, speculative, steps, theory, time_budget
+from specdec_t5x import (
+    benchmark,
+    decoding,
+    drafts,
+    models,
+    speculative,
+    steps,
+    theory,
+    time_budget,
+)
 
 Array = jax.Array
 
@@ -200,16 +209,19 @@ def calibrated(curve: CostCurve, calls: Mapping[int, Any]) -> CostCurve:
     return dataclasses.replace(curve, call_scale=scale)
 
 
-def _prepared(spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len):
-    """(enc, packed target params, packed draft params, target cache, draft cache), built once."""
-    enc = jnp.asarray(encoder_input_tokens)
-    module, draft = spec_model.module, spec_model.draft
-    # Packed once here for the CPU kernel (no-op when off): the steps run in the timed loops.
+def _packed(spec_model, target_params, draft_params):
+    """(target params, draft params) packed for the CPU kernel (no-op when off or packed)."""
     weight_dtype = getattr(spec_model, "cpu_weight_dtype", "float32")
-    target_params = steps.pack_params(module, target_params, weight_dtype)
-    draft_params = (
-        draft.pack_params(draft_params) if hasattr(draft, "pack_params") else draft_params
-    )
+    target_params = steps.pack_params(spec_model.module, target_params, weight_dtype)
+    draft = spec_model.draft
+    if hasattr(draft, "pack_params"):
+        draft_params = draft.pack_params(draft_params)
+    return target_params, draft_params
+
+
+def _caches(spec_model, target_params, draft_params, enc, max_decode_len):
+    """(target cache, draft cache) of packed parameters for int32 [batch, enc_len] sources."""
+    module, draft = spec_model.module, spec_model.draft
     target_cache = jax.jit(lambda tp, e: steps.prepare_cache(module, tp, e, max_decode_len))(
         target_params, enc
     )
@@ -218,6 +230,17 @@ def _prepared(spec_model, target_params, draft_params, encoder_input_tokens, max
         encoded = jax.jit(lambda tp, e: steps.encode(module, tp, e))(target_params, enc)
     draft_cache = jax.jit(lambda dp, e, x: draft.init_cache(dp, e, max_decode_len, x))(
         draft_params, enc, encoded
+    )
+    return target_cache, draft_cache
+
+
+def _prepared(spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len):
+    """(enc, packed target params, packed draft params, target cache, draft cache), built once."""
+    enc = jnp.asarray(encoder_input_tokens)
+    # Packed once here for the CPU kernel (no-op when off): the steps run in the timed loops.
+    target_params, draft_params = _packed(spec_model, target_params, draft_params)
+    target_cache, draft_cache = _caches(
+        spec_model, target_params, draft_params, enc, max_decode_len
     )
     return enc, target_params, draft_params, target_cache, draft_cache
 
@@ -275,7 +298,7 @@ def loop_costs(
     spec_model,
     target_params,
     draft_params,
-    encoder_input_tokens: Array,
+    encoder_input_tokens: Array | Sequence[Array],
     max_decode_len: int,
     gamma: int,
     settings: Mapping[str, Any],
@@ -290,49 +313,72 @@ def loop_costs(
     loops pay more for them. On the 2-core CPU the real speculative loop with a zero-cost draft
     spent 0.74 ms per iteration on a verify call that the step timer priced at 0.65 ms, and a real
     draft after each verify call is read back from DRAM (results/verify_cost/
-    loop_interference.md). Here the real loops run on caches built once (set-up not timed):
+    loop_interference.md). Here the real loops run on caches built once (set-up not timed), on
+    every source given (the run's first batches; one batch's outputs are too short and its
+    timings too noisy to price a run), pooled:
 
     * the baseline (`decoding.temperature_sample`, the target alone): T(1) per token;
     * the speculative loop with the real target and a zero-cost draft (`time_budget.
       _constant_step`): the verify call per iteration;
     * the speculative loop with both models real: one iteration's model calls;
 
-    each at two lengths (`max_decode_steps` of max_decode_len // 4 and max_decode_len, EOS
-    replaced by an id the baseline does not emit in max_decode_len tokens, `timing_eos_id`, so
-    that the loops run their length past the real EOS; tokens and iterations are counted, not
-    assumed; past the real EOS the draft is accepted less often than in the run). Per unit = the slope between the two lengths
-    (a call's fixed cost cancels), minus the loop's own work per unit (`time_budget.
-    measure_loop_ms`). c = (iteration - verify) / (γ T(1)) and verify_cost_ratio = verify / T(1)
-    (medians over rounds of the ratios within a round), so Theorem 3.8 with these inputs is
-    E(α, γ) T(1) / iteration. Rounds run in random order (`benchmark.time_interleaved`).
+    each at two lengths: `max_decode_steps` 2 and max_decode_len, ending at the real EOS, so the
+    loops decode the positions the run decodes. Where that leaves fewer than 2 units per source
+    between the two lengths (outputs of one or two blocks), the loops run max_decode_len // 4
+    and max_decode_len tokens with EOS replaced by an id the baseline does not emit
+    (`timing_eos_id`). Tokens and iterations are counted, not assumed. Per unit = the slope
+    between the two lengths, summed over the sources within a round (a call's fixed cost
+    cancels), minus the loop's own work per unit (`time_budget.measure_loop_ms`); medians over
+    rounds of the ratios within a round.
+
+    The zero-cost-draft loop is its own compiled program, and on this CPU it spent 0.03-0.19 ms
+    more per iteration than the real loop with a unigram draft in it (session 22 probe,
+    results/verify_cost/README.md): a verify call costs no more than the iteration it is part of,
+    so the verify cost is capped at the iteration's (`verify_capped`; the loop's own reading is
+    kept as `verify_only_ms`). c = (iteration - verify) / (γ T(1)) and verify_cost_ratio = verify
+    / T(1), so Theorem 3.8 with these inputs is E(α, γ) T(1) / iteration.
 
     Args:
       spec_model: a `models.SpeculativeEncoderDecoderModel`; target_params, draft_params: raw or
-        packed; encoder_input_tokens: int32 [batch, enc_len]; max_decode_len: L (tokens);
-        gamma: γ >= 1; settings: {'temperature', 'topk', 'topp'}.
+        packed; encoder_input_tokens: int32 [batch, enc_len], or a sequence of such arrays of
+        one shape (pooled); max_decode_len: L (tokens); gamma: γ >= 1; settings:
+        {'temperature', 'topk', 'topp'}.
       step_timer: `step_costs`'s dict at this γ, for `c_alone` (its lone draft step over this
         T(1)) and `interference_ms`; None: those two are left out.
       repeats: timed rounds; verification: 'token' or 'block'.
 
     Returns:
       {'target_step_ms', 'verify_step_ms', 'iteration_ms', 'draft_step_ms' ((iteration - verify)
-      / γ) (medians, ms), 'c', 'verify_cost_ratio', 'c_alone', 'interference_ms' (iteration -
+      / γ) (ms), 'c', 'verify_cost_ratio', 'verify_only_ms' (the zero-cost-draft loop's verify
+      call, before the cap), 'verify_capped' (bool), 'c_alone', 'interference_ms' (iteration -
       verify - γ lone draft steps, ms per iteration), 'loop_work_ms' {'per_token',
       'per_iteration'}, 'slopes_ms' {'baseline', 'speculative', 'verify_only'} (before the loop
-      work is taken off), 'units' {loop: [units at each length]}, 'decode_steps', 'timing_eos_id',
-      'repeats', and 'step_timer' (the dict given)}.
+      work is taken off), 'units' {loop: [units at each length, summed over sources]},
+      'decode_steps', 'sources' (their count), 'timing_eos_id' (None: the real EOS), 'repeats',
+      and 'step_timer' (the dict given)}.
 
     Raises:
-      ValueError: gamma < 1, max_decode_len < 4, no timing EOS id found among the vocabulary's
-        last 8 ids, or a loop whose two lengths ran the same number of units.
+      ValueError: gamma < 1, max_decode_len < 4, no sources or sources of different shapes, no
+        timing EOS id found among the vocabulary's last 8 ids, or a loop whose two lengths ran
+        the same number of units.
     """
     if gamma < 1 or max_decode_len < 4:
         raise ValueError(f"need gamma >= 1 and max_decode_len >= 4; got {gamma}, {max_decode_len}.")
-    enc, tp, dp, target_cache, draft_cache = _prepared(
-        spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len
+    sources = (
+        [encoder_input_tokens]
+        if hasattr(encoder_input_tokens, "shape")
+        else list(encoder_input_tokens)
     )
+    sources = [jnp.asarray(s) for s in sources]
+    if not sources or len({(s.shape, s.dtype) for s in sources}) != 1 or sources[0].ndim != 2:
+        raise ValueError(
+            "loop_costs needs one or more int32 [batch, enc_len] sources of one shape; got "
+            f"{[(tuple(s.shape), str(s.dtype)) for s in sources]}."
+        )
+    tp, dp = _packed(spec_model, target_params, draft_params)
+    caches = [_caches(spec_model, tp, dp, enc, max_decode_len) for enc in sources]
     module, draft = spec_model.module, spec_model.draft
-    vocab, batch = module.config.vocab_size, enc.shape[0]
+    vocab, batch = module.config.vocab_size, sources[0].shape[0]
     inputs = jnp.zeros((batch, max_decode_len), jnp.int32)
     rng = jax.random.PRNGKey(3)
 
@@ -347,22 +393,9 @@ def loop_costs(
 
         return jax.jit(run)
 
-    # The timing EOS: the last ids of the vocabulary (sentinels or the rarest pieces), the first
-    # one the baseline does not emit in max_decode_len tokens (it ends the rows otherwise).
-    full = jnp.int32(max_decode_len)
-    candidates = [i for i in range(vocab - 1, max(vocab - 9, 0) - 1, -1) if i != spec_model.eos_id]
-    for eos in candidates:
-        baseline_fn = baseline_loop(eos)
-        if int(baseline_fn(tp, enc, target_cache, full)) == max_decode_len:
-            break
-    else:
-        raise ValueError(
-            f"loop_costs: the baseline emitted each of the ids {candidates} within "
-            f"{max_decode_len} tokens; no id to time the loops at their full length."
-        )
-    free, free_cache = time_budget._constant_step(vocab, eos), jnp.zeros((), jnp.float32)
+    def speculative_loop(eos, free_draft: bool):
+        free, free_cache = time_budget._constant_step(vocab, eos), jnp.zeros((), jnp.float32)
 
-    def speculative_loop(free_draft: bool):
         def run(tp, dp, e, tc, dc, n):
             draft_step = free if free_draft else draft.make_step(dp, e)
             _, stats = speculative.speculative_sample(
@@ -382,62 +415,116 @@ def loop_costs(
 
         return jax.jit(run)
 
-    lengths = (max(1, max_decode_len // 4), max_decode_len)
-    speculative_fn, verify_only_fn = speculative_loop(False), speculative_loop(True)
-    calls = {}
-    for n in lengths:
-        n_ = jnp.int32(n)
-        calls[("baseline", n)] = lambda n_=n_: baseline_fn(tp, enc, target_cache, n_)
-        calls[("speculative", n)] = lambda n_=n_: speculative_fn(
-            tp, dp, enc, target_cache, draft_cache, n_
-        )
-        calls[("verify_only", n)] = lambda n_=n_: verify_only_fn(
-            tp, dp, enc, target_cache, draft_cache, n_
-        )
-    units = {k: int(f()) for k, f in calls.items()}  # compiles; units are deterministic
     names = ("baseline", "speculative", "verify_only")
-    for name in names:
-        if units[(name, lengths[1])] <= units[(name, lengths[0])]:
+
+    def calls_and_units(eos, lengths, baseline_fn=None):
+        fns = {
+            "baseline": baseline_fn or baseline_loop(eos),
+            "speculative": speculative_loop(eos, False),
+            "verify_only": speculative_loop(eos, True),
+        }
+        calls = {}
+        for s, (enc, (tc, dc)) in enumerate(zip(sources, caches, strict=True)):
+            for n in lengths:
+                n_ = jnp.int32(n)
+                calls[("baseline", n, s)] = lambda f=fns["baseline"], e=enc, tc=tc, n_=n_: f(
+                    tp, e, tc, n_
+                )
+                for name in names[1:]:
+                    calls[(name, n, s)] = lambda f=fns[name], e=enc, tc=tc, dc=dc, n_=n_: f(
+                        tp, dp, e, tc, dc, n_
+                    )
+        units = {k: int(f()) for k, f in calls.items()}  # compiles; units are deterministic
+        totals = {
+            (name, n): sum(units[(name, n, s)] for s in range(len(sources)))
+            for name in names
+            for n in lengths
+        }
+        return calls, totals
+
+    # The run's own EOS first: the positions the run decodes.
+    lengths, timing_eos = (2, max_decode_len), None
+    calls, totals = calls_and_units(spec_model.eos_id, lengths)
+    if any(totals[(n, lengths[1])] - totals[(n, lengths[0])] < 2 * len(sources) for n in names):
+        # Outputs of one or two blocks: the loops run past the real EOS. The timing EOS: the
+        # vocabulary's last ids (sentinels or the rarest pieces), the first one the baseline does
+        # not emit in max_decode_len tokens from the first source (it ends the rows otherwise).
+        lengths, full = (max(1, max_decode_len // 4), max_decode_len), jnp.int32(max_decode_len)
+        candidates = [
+            i for i in range(vocab - 1, max(vocab - 9, 0) - 1, -1) if i != spec_model.eos_id
+        ]
+        for timing_eos in candidates:
+            baseline_fn = baseline_loop(timing_eos)
+            if int(baseline_fn(tp, sources[0], caches[0][0], full)) == max_decode_len:
+                break
+        else:
             raise ValueError(
-                f"loop_costs: the {name} loop ran {units[(name, lengths[0])]} units at both "
-                f"lengths {lengths}; its timing EOS id {eos} was emitted early."
+                f"loop_costs: the baseline emitted each of the ids {candidates} within "
+                f"{max_decode_len} tokens; no id to time the loops at their full length."
+            )
+        calls, totals = calls_and_units(timing_eos, lengths, baseline_fn)
+    for name in names:
+        if totals[(name, lengths[1])] <= totals[(name, lengths[0])]:
+            raise ValueError(
+                f"loop_costs: the {name} loop ran {totals[(name, lengths[0])]} units at both "
+                f"lengths {lengths}; its EOS id {timing_eos} was emitted early."
             )
     samples = benchmark.time_interleaved(calls, repeats, warmup=1, shuffle=True)
+
+    def pooled(name, n):  # per round: the call times summed over the sources
+        per_source = [samples[(name, n, s)] for s in range(len(sources))]
+        return [sum(times) for times in zip(*per_source, strict=True)]
+
     slopes = {
         name: [
-            (hi - lo) / (units[(name, lengths[1])] - units[(name, lengths[0])])
-            for lo, hi in zip(samples[(name, lengths[0])], samples[(name, lengths[1])], strict=True)
+            (hi - lo) / (totals[(name, lengths[1])] - totals[(name, lengths[0])])
+            for lo, hi in zip(pooled(name, lengths[0]), pooled(name, lengths[1]), strict=True)
         ]
         for name in names
     }
     work = time_budget.measure_loop_ms(
-        batch, vocab, max_decode_len, gamma, settings, eos, repeats, verification=verification
+        batch,
+        vocab,
+        max_decode_len,
+        gamma,
+        settings,
+        spec_model.eos_id if timing_eos is None else timing_eos,
+        repeats,
+        verification=verification,
     )
     per_token, per_iteration = work["baseline_per_token_ms"], work["speculative_per_iteration_ms"]
     floor = 1e-6
     t1 = [max(b - per_token, floor) for b in slopes["baseline"]]
     verify = [max(v - per_iteration, floor) for v in slopes["verify_only"]]
     iteration = [max(s - per_iteration, floor) for s in slopes["speculative"]]
-    drafting = [max(i - v, 0.0) for i, v in zip(iteration, verify, strict=True)]
     median = statistics.median
+    verify_ratio = benchmark.paired_ratio(verify, t1)
+    iteration_ratio = benchmark.paired_ratio(iteration, t1)
+    capped = verify_ratio > iteration_ratio  # the verify call costs no more than its iteration
+    verify_ms, iteration_ms = median(verify), median(iteration)
+    if capped:
+        verify_ratio, verify_ms = iteration_ratio, min(verify_ms, iteration_ms)
     out: dict[str, Any] = {
         "target_step_ms": median(t1),
-        "verify_step_ms": median(verify),
-        "iteration_ms": median(iteration),
-        "draft_step_ms": median(drafting) / gamma,
-        "c": benchmark.paired_ratio([d / gamma for d in drafting], t1),
-        "verify_cost_ratio": benchmark.paired_ratio(verify, t1),
+        "verify_step_ms": verify_ms,
+        "iteration_ms": iteration_ms,
+        "draft_step_ms": max(iteration_ms - verify_ms, 0.0) / gamma,
+        "c": (iteration_ratio - verify_ratio) / gamma,
+        "verify_cost_ratio": verify_ratio,
+        "verify_only_ms": median(verify),
+        "verify_capped": capped,
         "loop_work_ms": {"per_token": per_token, "per_iteration": per_iteration},
         "slopes_ms": {name: median(v) for name, v in slopes.items()},
-        "units": {name: [units[(name, n)] for n in lengths] for name in names},
+        "units": {name: [totals[(name, n)] for n in lengths] for name in names},
         "decode_steps": list(lengths),
-        "timing_eos_id": eos,
+        "sources": len(sources),
+        "timing_eos_id": timing_eos,
         "repeats": repeats,
     }
     if step_timer is not None:
         lone = step_timer["draft_step_ms"]
         out["c_alone"] = lone / out["target_step_ms"]
-        out["interference_ms"] = median(drafting) - gamma * lone
+        out["interference_ms"] = gamma * out["draft_step_ms"] - gamma * lone
         out["step_timer"] = dict(step_timer)
     return out
 
@@ -570,3 +657,159 @@ def measure_loop_work_ms(
         "sampling_ms": line("speculative_per_iteration_ms"),
         "speculative_fixed_ms": line("speculative_fixed_ms"),
     }
+
+
+class ZeroCostDraft(drafts.Draft):
+    """A draft that costs nothing: the same logits row at every position (`time_budget.
+    _constant_step`, EOS never proposed). With it the speculative loop's iterations cost the
+    verify call plus the loop's own work, which `run_costs` takes as the verify call's cost.
+
+    Args:
+      vocab_size: V of the target; eos_id: the id never proposed.
+    """
+
+    def __init__(self, vocab_size: int, eos_id: int):
+        self.params = {}
+        self._step = time_budget._constant_step(vocab_size, eos_id)
+
+    def init_cache(self, params, encoder_input_tokens, max_decode_len, encoded=None):
+        return {"unused": jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32)}
+
+    def make_step(self, params, encoder_input_tokens):
+        return self._step
+
+
+# The calls `run_costs` prices, each timed on every batch of the run at two lengths.
+RUN_COST_CALLS = ("baseline", "speculative", "verify_only")
+
+
+def run_costs(
+    seconds: Mapping[tuple[str, str], Sequence[float]],
+    units: Mapping[tuple[str, str], Sequence[int]],
+    gamma: int,
+    loop_work_ms: Mapping[str, float],
+    step_timer: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Theorem 3.8's step costs from the run's own decode calls: T(1), the verify call and c.
+
+    The eval job times, on every batch and in its seeded random order beside the timed calls,
+    each of `RUN_COST_CALLS` (the baseline; the speculative call at this γ; the speculative call
+    with `ZeroCostDraft`, whose iterations are the verify call) in full ('full') and stopped
+    after 2 tokens ('short', `max_decode_steps` 2). A full call minus its short call is the cost
+    of its extra tokens or iterations (the encoder, the cache set-up and the call's fixed cost
+    cancel), summed over the run and divided by the extra units, less the loop's own work per
+    unit. The costs are thus the run's, at its time: on this VM the same loops timed minutes
+    apart read T(1) 10-50 % apart (results/verify_cost/README.md, session 22).
+
+    A verify call costs no more than the iteration it is part of: the zero-cost-draft loop, a
+    program of its own, read up to 0.19 ms per iteration more than the real loop with a unigram
+    draft in it (session 22 probe), so the verify cost is capped at the iteration's
+    (`verify_capped`; the uncapped reading is `verify_only_ms`). c = (iteration - verify) / (γ
+    T(1)), verify_cost_ratio = verify / T(1), so Theorem 3.8 with them is E(α, γ) T(1) /
+    iteration.
+
+    Args:
+      seconds: {(call, 'full' | 'short'): float [batches] wall seconds}, for each call in
+        `RUN_COST_CALLS`.
+      units: the same keys: int [batches] tokens (baseline: the longest row's, EOS counted) or
+        iterations (the speculative calls: the most of any row).
+      gamma: γ of the speculative calls (>= 1).
+      loop_work_ms: `time_budget.measure_loop_ms`'s dict (its 'baseline_per_token_ms' and
+        'speculative_per_iteration_ms').
+      step_timer: `step_costs`'s dict at this γ, for `c_alone` and `interference_ms`; None: left
+        out.
+
+    Returns:
+      {'target_step_ms', 'verify_step_ms', 'iteration_ms', 'draft_step_ms' (ms), 'c',
+      'verify_cost_ratio', 'verify_only_ms', 'verify_capped', 'c_alone', 'interference_ms',
+      'loop_work_ms', 'slopes_ms' {call: ms per unit before the loop work is taken off},
+      'units' {call: [short, full] summed over batches}, 'batches', 'interval' {'c',
+      'verify_cost_ratio', 'iteration_ratio': [5th, 95th percentile] of a bootstrap over
+      batches}, 'source': 'run', and 'step_timer'}.
+
+    Raises:
+      ValueError: gamma < 1, a missing key, lists of different lengths or empty, or a call whose
+        full runs added no unit over its short runs.
+    """
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an int >= 1; got {gamma!r}.")
+    keys = [(call, length) for call in RUN_COST_CALLS for length in ("short", "full")]
+    missing = [k for k in keys if k not in seconds or k not in units]
+    if missing:
+        raise ValueError(f"run_costs needs seconds and units for {keys}; missing {missing}.")
+    sizes = {len(seconds[k]) for k in keys} | {len(units[k]) for k in keys}
+    if len(sizes) != 1 or 0 in sizes:
+        raise ValueError(
+            f"run_costs needs one non-empty value per batch for each key; got {sizes}."
+        )
+    n = sizes.pop()
+    sec = {k: np.asarray(seconds[k], np.float64) for k in keys}
+    cnt = {k: np.asarray(units[k], np.float64) for k in keys}
+    for call in RUN_COST_CALLS:
+        extra = cnt[(call, "full")].sum() - cnt[(call, "short")].sum()
+        if extra < 1:
+            raise ValueError(
+                f"run_costs: the {call} calls ran {extra:g} units beyond their short calls over "
+                f"{n} batches (outputs too short to price a step)."
+            )
+    work = {
+        "baseline": loop_work_ms["baseline_per_token_ms"],
+        "speculative": loop_work_ms["speculative_per_iteration_ms"],
+        "verify_only": loop_work_ms["speculative_per_iteration_ms"],
+    }
+
+    def per_unit(rows):  # ms per extra unit over the given batches, loop work taken off
+        out = {}
+        for call in RUN_COST_CALLS:
+            ms = 1e3 * (sec[(call, "full")][rows] - sec[(call, "short")][rows]).sum()
+            extra = (cnt[(call, "full")][rows] - cnt[(call, "short")][rows]).sum()
+            out[call] = ms / max(extra, 1.0)
+        return out
+
+    def costs(slopes):
+        t1 = max(slopes["baseline"] - work["baseline"], 1e-6)
+        iteration = max(slopes["speculative"] - work["speculative"], 1e-6)
+        verify = max(slopes["verify_only"] - work["verify_only"], 1e-6)
+        return t1, iteration, min(verify, iteration), verify
+
+    everything = np.arange(n)
+    slopes = per_unit(everything)
+    t1, iteration, verify, verify_only = costs(slopes)
+    rng = np.random.default_rng(0)
+    draws = []
+    for _ in range(200):
+        b_t1, b_it, b_v, _ = costs(per_unit(rng.integers(0, n, n)))
+        draws.append(((b_it - b_v) / (gamma * b_t1), b_v / b_t1, b_it / b_t1))
+    lo, hi = np.percentile(np.asarray(draws), [5, 95], axis=0)
+    out: dict[str, Any] = {
+        "target_step_ms": t1,
+        "verify_step_ms": verify,
+        "iteration_ms": iteration,
+        "draft_step_ms": (iteration - verify) / gamma,
+        "c": (iteration - verify) / (gamma * t1),
+        "verify_cost_ratio": verify / t1,
+        "verify_only_ms": verify_only,
+        "verify_capped": bool(verify_only > iteration),
+        "loop_work_ms": {
+            "per_token": work["baseline"],
+            "per_iteration": work["speculative"],
+        },
+        "slopes_ms": slopes,
+        "units": {
+            call: [int(cnt[(call, "short")].sum()), int(cnt[(call, "full")].sum())]
+            for call in RUN_COST_CALLS
+        },
+        "batches": n,
+        "interval": {
+            name: [float(lo[i]), float(hi[i])]
+            for i, name in enumerate(("c", "verify_cost_ratio", "iteration_ratio"))
+        },
+        "source": "run",
+    }
+    if step_timer is not None:
+        out["step_timer"] = dict(step_timer)
+        if "draft_step_ms" in step_timer:
+            lone = step_timer["draft_step_ms"]
+            out["c_alone"] = lone / t1
+            out["interference_ms"] = iteration - verify - gamma * lone
+    return out

@@ -24,6 +24,7 @@ run holds one copy of each decoder projection.
 
 from __future__ import annotations
 
+import collections
 import operator
 import pathlib
 import sys
@@ -34,6 +35,7 @@ from typing import Any
 import jax
 import numpy as np
 import tqdm
+from absl import logging as absl_logging
 
 from specdec_t5x import (
     benchmark,
@@ -78,6 +80,7 @@ def measure_step_costs(
     position: int = 8,
     repeats: int = 30,
     settings: dict[str, Any] | None = None,
+    loop_sources: Sequence[np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """c and the verify-cost ratio of this run's target and draft, as the decode loops pay them.
 
@@ -92,6 +95,8 @@ def measure_step_costs(
 
     Args:
       settings: {'temperature', 'topk', 'topp'} of the run; None: the step timer alone.
+      loop_sources: the sources the decode loops are timed on, pooled (int32 [batch, enc_len]
+        each, one shape; the run's first batches); None: `encoder_input_tokens` alone.
 
     Returns:
       {'target_step_ms', 'draft_step_ms', 'verify_step_ms' (ms), 'c' (the draft's step / the
@@ -104,7 +109,9 @@ def measure_step_costs(
     if settings is None:
         return timer
     return cost_curve.loop_costs(
-        *pair,
+        *pair[:3],
+        encoder_input_tokens if loop_sources is None else loop_sources,
+        *pair[4:],
         {k: settings[k] for k in ("temperature", "topk", "topp") if k in settings},
         timer,
         repeats=max(3, repeats // 2),
@@ -178,6 +185,71 @@ def _add_auto_row(metrics, runs, choices, headline, quality_args) -> None:
         )
 
 
+class _RunCostCalls:
+    """The extra calls `cost_curve.run_costs` prices the run's steps from, and their timings.
+
+    Per batch, beside the timed calls: the baseline and the speculative call at γ stopped after 2
+    tokens, and the speculative call with `cost_curve.ZeroCostDraft` in full and stopped after 2
+    tokens. The full baseline and speculative calls are the run's own (`record`).
+    """
+
+    SHORT = 2  # max_decode_steps of the short calls
+
+    def __init__(self, spec_model, baseline, settings, gamma: int):
+        self.gamma, self.eos_id = gamma, spec_model.eos_id
+        short = {**settings, "max_decode_steps": self.SHORT}
+        free = models.SpeculativeEncoderDecoderModel(
+            spec_model.module,
+            cost_curve.ZeroCostDraft(spec_model.module.config.vocab_size, spec_model.eos_id),
+            spec_model.input_vocabulary,
+            spec_model.output_vocabulary,
+            cpu_weight_dtype=spec_model.cpu_weight_dtype,
+        )
+        base_short = jax.jit(
+            lambda tp, b, rng: baseline.predict_batch_with_aux(tp, b, rng, decoder_params=short)[0]
+        )
+        spec_short = _speculative_fn(spec_model, {**short, "gamma": gamma})
+        free_full = _speculative_fn(free, {**settings, "gamma": gamma})
+        free_short = _speculative_fn(free, {**short, "gamma": gamma})
+        self.fns = {
+            "cost:baseline:short": lambda tp, dp, b, rng: base_short(tp, b, rng),
+            "cost:speculative:short": spec_short,
+            "cost:verify_only:full": lambda tp, dp, b, rng: free_full(tp, {}, b, rng),
+            "cost:verify_only:short": lambda tp, dp, b, rng: free_short(tp, {}, b, rng),
+        }
+        self.seconds = collections.defaultdict(list)
+        self.units = collections.defaultdict(list)
+
+    def warm_up(self, target_params, draft_params, batch, rng) -> None:
+        for fn in self.fns.values():
+            jax.block_until_ready(fn(target_params, draft_params, batch, rng))
+
+    def _units(self, tokens, stats) -> int:
+        if stats is not None:  # speculative: the loop's iterations (its slowest row)
+            return int(np.max(np.asarray(stats.num_iterations)))
+        tokens = np.asarray(tokens)  # baseline: the longest row's tokens, EOS counted
+        hit = tokens == self.eos_id
+        lengths = np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, (tokens != 0).sum(axis=1))
+        return int(lengths.max())
+
+    def time(self, key, target_params, draft_params, batch, rng, compiles) -> None:
+        out, seconds = _timed(
+            self.fns[key], target_params, draft_params, batch, rng, compiles=compiles
+        )
+        _, call, length = key.split(":")
+        stats = out[1]["stats"] if isinstance(out, tuple) else None
+        self.seconds[(call, length)].append(seconds)
+        self.units[(call, length)].append(self._units(out, stats))
+
+    def record(self, key, seconds: float, tokens, stats) -> None:
+        call = "baseline" if key == "baseline" else "speculative"
+        self.seconds[(call, "full")].append(seconds)
+        self.units[(call, "full")].append(self._units(tokens, stats))
+
+    def measured(self):
+        return dict(self.seconds), dict(self.units)
+
+
 class _CompileCounter:
     """Counts XLA compilations while active (the timed loop must cause none)."""
 
@@ -248,8 +320,10 @@ def evaluate(
         diagnostics; about 8 extra small compiles) into `metrics['time_budget']` and
         `predicted_speedup_measured_costs`. False skips it (those two keys are then absent; the
         timed runs, step costs and every other metric are unchanged). Auto headlines never have it.
-      measure_loop_costs: True (the default): c and verify/step as the real decode loops pay them
-        (`cost_curve.loop_costs`, 3 extra compiles of the decode loops); False: from the step
+      measure_loop_costs: True (the default): c and verify/step as the run's own decode calls pay
+        them (`cost_curve.run_costs`: per batch, beside the timed calls, the baseline and the
+        speculative call stopped after 2 tokens and the speculative call with a zero-cost draft,
+        4 extra compiles); False: from the step
         timer's stand-alone loops alone (`cost_curve.step_costs`), which price the verify call and
         the draft below what the decode loops pay (results/verify_cost/loop_interference.md).
       command: the command line written with the results (default: `sys.argv`).
@@ -325,6 +399,10 @@ def evaluate(
         lambda tp, b, rng: baseline.predict_batch_with_aux(tp, b, rng, decoder_params=settings)[0]
     )
     spec_fns = {g: _speculative_fn(spec_model, {**settings, "gamma": g}) for g in gammas}
+    costs_gamma = max(gammas) if gamma == "auto" else gamma  # the γ c and verify/step are at
+    cost_calls = None
+    if measure_loop_costs:
+        cost_calls = _RunCostCalls(spec_model, baseline, settings, costs_gamma)
     auto_decoder = None
     if auto:
         auto_decoder = gamma_control.AutoGammaDecoder(
@@ -346,12 +424,15 @@ def evaluate(
         jax.block_until_ready(base_fn(target_params, warm, rng0))
         for fn in spec_fns.values():
             jax.block_until_ready(fn(target_params, draft_params, warm, rng0))
+        if cost_calls is not None:
+            cost_calls.warm_up(target_params, draft_params, warm, rng0)
     if auto_decoder is not None:  # measures the cost curve (untimed)
         auto_decoder.compile(auto_decoder.choose(batches[0][1])[0], batches[0][1])
     choices = []  # auto row: (γ chosen, its predicted speedup) per example
 
     keys = ["baseline", *gammas, *(["auto"] if auto else [])]
     runs = {key: reports.Run() for key in keys}
+    keys += [] if cost_calls is None else list(cost_calls.fns)  # beside them, in the same order
     compiles = _CompileCounter()
     jax.monitoring.register_event_duration_secs_listener(compiles)
     for i in tqdm.tqdm(
@@ -362,6 +443,9 @@ def evaluate(
         n, batch = batches[i]
         rng = jax.random.fold_in(rng0, i)
         for key in benchmark.call_order(keys, i, seed):  # seeded random order per batch
+            if cost_calls is not None and key in cost_calls.fns:
+                cost_calls.time(key, target_params, draft_params, batch, rng, compiles)
+                continue
             if key == "baseline":
                 tokens, seconds = _timed(base_fn, target_params, batch, rng, compiles=compiles)
                 stats = None
@@ -386,6 +470,8 @@ def evaluate(
                 )
                 stats = jax.tree_util.tree_map(np.asarray, aux["stats"])
             run, tokens = runs[key], np.asarray(tokens)
+            if cost_calls is not None and key in ("baseline", costs_gamma):
+                cost_calls.record(key, seconds, tokens, stats)
             for r in range(n):
                 run.seconds.append(seconds / n)
                 run.tokens.append(tokens[r])
@@ -403,10 +489,34 @@ def evaluate(
         draft_params,
         batches[0][1]["encoder_input_tokens"],
         target_len,
-        max(gammas) if gamma == "auto" else gamma,
+        costs_gamma,
         repeats=cost_repeats,
-        settings=settings if measure_loop_costs else None,
     )
+    if cost_calls is not None:  # c and verify/step from the run's own calls (`run_costs`)
+        work = time_budget.measure_loop_ms(
+            batch_size,
+            spec_model.module.config.vocab_size,
+            target_len,
+            costs_gamma,
+            {k: settings[k] for k in ("temperature", "topk", "topp") if k in settings},
+            eos_id,
+            cost_repeats,
+        )
+        try:
+            costs = cost_curve.run_costs(*cost_calls.measured(), costs_gamma, work, costs)
+        except ValueError as err:  # every output within 2 tokens or one iteration
+            absl_logging.warning("%s; c and verify/step from the decode loops instead.", err)
+            costs = cost_curve.loop_costs(
+                spec_model,
+                target_params,
+                draft_params,
+                [b["encoder_input_tokens"] for _, b in batches[:4]],
+                target_len,
+                costs_gamma,
+                {k: settings[k] for k in ("temperature", "topk", "topp") if k in settings},
+                costs,
+                repeats=max(3, cost_repeats // 2),
+            )
     headline = gammas[0] if gamma == "auto" else gamma
     metrics = reports.summarise(
         runs,
