@@ -763,7 +763,8 @@ def test_loop_costs_times_the_real_loops_by_slope(pair):
     assert costs["draft_step_ms"] >= 0 and costs["iteration_ms"] > 0
     # Theorem 3.8 with (c, verify) is E T(1) / iteration: the verify call is capped at it.
     assert costs["verify_step_ms"] <= costs["iteration_ms"]
-    assert costs["verify_capped"] == (costs["verify_only_ms"] > costs["verify_step_ms"])
+    if not costs["verify_capped"]:
+        assert costs["verify_step_ms"] == costs["verify_only_ms"]
     assert costs["c_alone"] == pytest.approx(0.01 / costs["target_step_ms"])
     assert costs["step_timer"] == timer
     # Several sources of one shape are pooled: units add up over them.
