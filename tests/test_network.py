@@ -194,3 +194,19 @@ def test_relative_position_buckets_match_t5_reference():
     assert at(uni, -5) == 0
     # Bidirectional: n < 0 (key after query) in buckets 16..31, exact below 8.
     assert [at(bi, n) for n in (0, 7, 8, -1, -7, 128, -128)] == [0, 7, 8, 17, 23, 15, 31]
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 3), (2, 4), (4, 4), (1, 17), (3, 40)])
+def test_embed_few_token_rows_equal_one_gather(shape):
+    """`Embed` looks up <= FEW_TOKENS tokens one row at a time: the rows (and an out-of-range id's
+    NaN fill, as `jnp.take`) are exactly those of the single gather T5X uses."""
+    embed = network.Embed(num_embeddings=11, features=5, dtype=jnp.float32)
+    tokens = jax.random.randint(jax.random.PRNGKey(0), shape, 0, 11).astype(jnp.int32)
+    tokens = tokens.at[0, 0].set(11)  # out of range
+    variables = embed.init(jax.random.PRNGKey(1), tokens)
+    table = variables["params"]["embedding"]
+    got = jax.jit(embed.apply)(variables, tokens)
+    want = jnp.take(table, tokens, axis=0)
+    assert got.shape == (*shape, 5)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert np.isnan(np.asarray(got)[0, 0]).all()
