@@ -492,6 +492,7 @@ def evaluate(
         costs_gamma,
         repeats=cost_repeats,
     )
+    work = None  # the decode loops' own work (`time_budget.measure_loop_ms`), measured once
     if cost_calls is not None:  # c and verify/step from the run's own calls (`run_costs`)
         work = time_budget.measure_loop_ms(
             batch_size,
@@ -545,6 +546,7 @@ def evaluate(
             settings=settings,
             repeats=cost_repeats,
             sources=[b["encoder_input_tokens"] for _, b in batches],
+            loop=work,
         )
         metrics["time_budget"] = budget
         metrics["predicted_speedup_measured_costs"] = budget["predicted_speedup"]

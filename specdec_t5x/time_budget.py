@@ -335,6 +335,7 @@ def eval_time_budget(
     settings: Mapping[str, Any],
     repeats: int = 20,
     sources: Sequence[Array] | None = None,
+    loop: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The eval job's `time_budget`: component costs measured on `batch`'s shapes, composed.
 
@@ -352,13 +353,16 @@ def eval_time_budget(
       come from Eq. 1 at α, to the full composition).
 
     `sources` (int32 [batch, enc_len], every call's encoder inputs) times the set-up at each
-    call's length bucket (`measure_setup_ms`); without it the set-up is `batch`'s.
+    call's length bucket (`measure_setup_ms`); without it the set-up is `batch`'s. `loop`: the
+    job's `measure_loop_ms` result at these shapes, γ and settings when it already has one (the
+    eval job's `run_costs` measures it first); measured here when None.
     """
     enc = batch["encoder_input_tokens"]
     L = batch["decoder_input_tokens"].shape[1]
     setup = measure_setup_ms(spec_model, target_params, draft_params, enc, L, repeats, sources)
     vocab = spec_model.module.config.vocab_size
-    loop = measure_loop_ms(enc.shape[0], vocab, L, gamma, settings, spec_model.eos_id, repeats)
+    if loop is None:
+        loop = measure_loop_ms(enc.shape[0], vocab, L, gamma, settings, spec_model.eos_id, repeats)
     counts = per_call_counts(runs, gamma, spec_model.eos_id, rows_per_call)
     costs = metrics["step_costs"]
     # The draft's and the verify call's costs as the target's median step times the measured

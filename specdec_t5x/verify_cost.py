@@ -19,6 +19,8 @@ by the same round's k = 1 time (same model, variant, mode), and the medians of t
 are reported (more robust than a ratio of medians when other jobs load the machine). Variants, all
 timed in one process: `xla` = XLA's jnp.dot (SPECDEC_CPU_KERNEL=0; `default` is its earlier name);
 `kernel` / `kernel_bf16` = the CPU kernel (`cpu_kernel`) on float32 / bfloat16 packed weights;
+`kernel_no_matmul` = `kernel` with every projection replaced by a broadcast of its
+input (the step's cost besides its matmuls: a wall-clock ablation, see `_projections_stubbed`);
 `ynn_off` = jnp.dot compiled with YNNPACK dot fusions disabled (Eigen dots; per-function
 `compiler_options`, same as `XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=`); `before` =
 specdec_t5x/network.py at --before_ref (default HEAD) with jnp.dot: against `xla` it shows a change
@@ -36,6 +38,7 @@ Writes <out>/verify_cost[_<tag>].json and .md (tables, command, commit, lscpu ha
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -66,12 +69,37 @@ VARIANTS = {
         None,
     ),  # packed matmuls, XLA's attention (SPECDEC_CPU_ATTENTION=0)
     "kernel_bf16_1t": ("bfloat16", None),
+    "kernel_no_matmul": ("float32", None),  # the kernel path with every projection stubbed out
     "ynn_off": (None, {"xla_cpu_experimental_ynn_fusion_type": ""}),
     "before": (None, None),
 }
 # variant -> `cpu_kernel.set_split_bytes` value while its calls run (others: the default).
 SPLIT_OFF = {"kernel_1t": 1 << 62, "kernel_bf16_1t": 1 << 62}
 XLA_ATTENTION = {"kernel_xla_attn"}  # traced with SPECDEC_CPU_ATTENTION=0
+NO_MATMUL = {"kernel_no_matmul"}  # traced with `_projections_stubbed`
+
+
+@contextlib.contextmanager
+def _projections_stubbed():
+    """While tracing: every packed projection (`cpu_kernel.dense`) returns its input's first
+    column broadcast to the output shape instead of the product, so the traced step costs what a
+    step costs besides its matmuls (attention, norms, cache writes, embedding, bookkeeping).
+
+    The per-op profile (`xla_profile`) inflates small thunks several-fold on the 2-core VM
+    (its traceme events), so this wall-clock ablation is how the non-matmul part of a k-token
+    step's growth is measured (`kernel` minus `kernel_no_matmul`: the projections' part).
+    """
+    real = cpu_kernel.dense
+
+    def stub(x, packed, features, dtype):
+        col = x[..., :1].astype(jnp.float32) * packed[0, 0, 0].astype(jnp.float32)
+        return jnp.broadcast_to(col, (*x.shape[:-1], features)).astype(dtype)
+
+    cpu_kernel.dense = stub
+    try:
+        yield
+    finally:
+        cpu_kernel.dense = real
 _SHAPE = ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers", "num_decoder_layers")
 MODELS = {  # T5 v1.1 shapes: the embedded target that ships, T5-small, and a tiny smoke-test one.
     "embedded": dict(zip(_SHAPE, (8192, 256, 4, 4, 4), strict=True), head_dim=64, mlp_dim=1024),
@@ -208,6 +236,7 @@ def measure(name: str, ks: Sequence[int], variants, modes, s: Settings) -> dict[
                     cpu_kernel.env_var(
                         cpu_kernel.ATTENTION_ENV_VAR, "0" if variant in XLA_ATTENTION else "1"
                     ),
+                    _projections_stubbed() if variant in NO_MATMUL else contextlib.nullcontext(),
                 ):
                     jax.block_until_ready(thunk())  # traces (and compiles) under that setting
                 calls[(variant, mode, k)] = thunk

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from specdec_t5x import cpu_kernel, verify_cost, xla_profile
+from specdec_t5x import cpu_kernel, models, verify_cost, xla_profile
 
 README = pathlib.Path(__file__).resolve().parents[1] / "results/verify_cost/README.md"
 
@@ -83,3 +83,23 @@ def test_readme_commands_parse_with_known_names():
         assert set(args.models) <= set(verify_cost.MODELS), command
         assert set(args.variants) <= set(verify_cost.VARIANTS), command
         assert set(args.modes) <= {"loop", "single", "single_cache"}, command
+
+
+@pytest.mark.skipif(not cpu_kernel.available(), reason="CPU kernel extension not built")
+def test_no_matmul_variant_stubs_every_projection_and_restores_dense():
+    """`kernel_no_matmul` traces the packed step with no projection custom call left (only the
+    attention kernel), and `cpu_kernel.dense` is the real one again afterwards."""
+    s = verify_cost.Settings(position=2, enc_len=8, max_len=8, loop_steps=2)
+    module, params, enc, cache = verify_cost.build("tiny", s)
+    params = models.pack_params(module, params, "float32")
+    fn = verify_cost.make_fn(module, "loop", s.loop_steps)
+    args = (params, enc, cache, jnp.full((1, 2), 3, jnp.int32), jnp.full((1,), 2, jnp.int32))
+    real = cpu_kernel.dense
+    with cpu_kernel.env_setting(True):
+        full = fn.lower(*args).as_text()
+        with verify_cost._projections_stubbed():
+            stubbed = verify_cost.make_fn(module, "loop", s.loop_steps).lower(*args).as_text()
+    assert cpu_kernel.dense is real
+    assert full.count(cpu_kernel._TARGET) > 0
+    assert stubbed.count(cpu_kernel._TARGET) == 0
+    assert stubbed.count(cpu_kernel._ATTENTION_TARGET) == full.count(cpu_kernel._ATTENTION_TARGET)
