@@ -100,6 +100,8 @@ def _projections_stubbed():
         yield
     finally:
         cpu_kernel.dense = real
+
+
 _SHAPE = ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers", "num_decoder_layers")
 MODELS = {  # T5 v1.1 shapes: the embedded target that ships, T5-small, and a tiny smoke-test one.
     "embedded": dict(zip(_SHAPE, (8192, 256, 4, 4, 4), strict=True), head_dim=64, mlp_dim=1024),
