@@ -724,7 +724,8 @@ def run_costs(
       {'target_step_ms', 'verify_step_ms', 'iteration_ms', 'draft_step_ms' (ms), 'c',
       'verify_cost_ratio', 'verify_only_ms', 'verify_capped', 'c_alone', 'interference_ms',
       'loop_work_ms', 'slopes_ms' {call: ms per unit before the loop work is taken off},
-      'units' {call: [short, full] summed over batches}, 'batches', 'interval' {'c',
+      'units' {call: [short, full] summed over batches}, 'batches', 'calls' {'call/length':
+      {'seconds': float [batches], 'units': int [batches]}}, 'interval' {'c',
       'verify_cost_ratio', 'iteration_ratio': [5th, 95th percentile] of a bootstrap over
       batches}, 'source': 'run', and 'step_timer'}.
 
@@ -801,6 +802,15 @@ def run_costs(
             for call in RUN_COST_CALLS
         },
         "batches": n,
+        # The raw timings, per batch in the run's order: {"call/length": {"seconds": [...],
+        # "units": [...]}} (s; tokens or iterations), for re-analysis without a re-run.
+        "calls": {
+            f"{call}/{length}": {
+                "seconds": [float(v) for v in sec[(call, length)]],
+                "units": [int(v) for v in cnt[(call, length)]],
+            }
+            for call, length in keys
+        },
         "interval": {
             name: [float(lo[i]), float(hi[i])]
             for i, name in enumerate(("c", "verify_cost_ratio", "iteration_ratio"))

@@ -510,8 +510,19 @@ def test_auto_decoder_calibrates_its_curve_on_real_calls_of_every_gamma(pair, mo
     assert sorted(scale) == [0, 1, 2] and all(v > 0 for v in scale.values())
     # The calibration's two baseline calls time the baseline for the controller: no call of the
     # run is spent on it (the probe is followed by a prediction, not by (0, None)).
+    # Its speculative calls time each γ for ρ_s the same way (`time_speculative`).
     controller = decoder.controller
-    assert controller.timed_calls == {0: 2} and controller.calls == 0 and not controller.history
+    assert controller.timed_calls == {0: 2, 1: 2, 2: 2}
+    assert controller.calls == 0 and not controller.history and controller.alpha is None
+    assert not controller.measured_ms.get("speculative")  # refutation: the run's calls alone
+    assert controller.corrections()["speculative"] == pytest.approx(
+        1e3
+        * sum(s for g in (1, 2) for s, _, _ in captured[0][g])
+        / sum(
+            controller.curve.speculative_call_ms(g, n) for g in (1, 2) for _, _, n in captured[0][g]
+        ),
+        rel=1e-6,
+    )
     assert controller.baseline_standard_error() is None  # 2 < retime_min_calls
     assert controller.corrections()["baseline"] == pytest.approx(
         1e3
@@ -810,6 +821,12 @@ def test_run_costs_prices_steps_from_full_minus_short_calls():
     assert costs["c_alone"] == pytest.approx(0.02)
     assert costs["interference_ms"] == pytest.approx(0.1 - 2 * 0.01)
     assert costs["units"]["baseline"] == [10, sum(10 + 3 * b for b in range(5))]
+    # The raw per-batch timings are kept, in the run's order, for re-analysis.
+    for (call, length), sec in seconds.items():
+        kept = costs["calls"][f"{call}/{length}"]
+        assert kept["seconds"] == pytest.approx(list(sec))
+        assert kept["units"] == [int(u) for u in units[(call, length)]]
+    assert len(costs["calls"]) == 6
     lo, hi = costs["interval"]["verify_cost_ratio"]
     assert lo == pytest.approx(1.4) and hi == pytest.approx(1.4)  # noise-free: no spread
     # Thm 3.8 with (c, verify) is E(α, γ) T(1) / iteration.
@@ -838,3 +855,60 @@ def test_run_costs_refuses_bad_input():
     uneven[("baseline", "full")] = seconds[("baseline", "full")][:-1]
     with pytest.raises(ValueError, match="one non-empty value per batch"):
         cost_curve.run_costs(uneven, units, 2, work)
+
+
+def test_calibration_calls_time_speculation_so_two_slow_first_calls_do_not_switch_it_off():
+    """Session 23's demo at T = 0: the calibration timed the baseline at its model, then the
+    probe and one γ = 2 call ran at 1.5-1.6x theirs in a slow VM phase with a low α (0.47; the
+    run's was ~0.6), and auto ran the baseline on the other 98 calls at 0.95x while fixed γ = 2
+    gave 1.07x. The calibration's speculative calls count toward ρ_s as its baseline calls count
+    toward ρ_b, so two slow calls no longer decide the rest of the run."""
+    c = curve(draft_ms=1.0, verify_growth=0.5)
+    tokens, alpha = 30, 0.6
+
+    def run(calibrated_speculation: bool):
+        ctrl = gamma_control.GammaController(c)
+        for _ in range(4):  # the calibration: every γ at its model, on the first batch
+            ctrl.time_baseline(c.baseline_call_ms(tokens) / 1e3, tokens)
+            if calibrated_speculation:
+                for g in range(1, c.gamma_max + 1):
+                    n = theory.expected_iterations([tokens], alpha, g)[0]
+                    ctrl.time_speculative(g, c.speculative_call_ms(g, n) / 1e3, tokens, n)
+        seen = []
+        for i in range(100):
+            g, _ = ctrl.choose()
+            seen.append(g)
+            if g == 0:
+                ctrl.observe(0, c.baseline_call_ms(tokens) / 1e3, tokens)
+                continue
+            a = 0.3 if i < 2 else alpha  # two unlucky first calls ...
+            n = theory.expected_iterations([tokens], a, g)[0]
+            ctrl.update(_stats(a))
+            slow = 1.55 if i < 2 else 1.0  # ... in a slow phase
+            ctrl.observe(g, slow * c.speculative_call_ms(g, n) / 1e3, tokens, n)
+        return ctrl, seen
+
+    before, seen = run(calibrated_speculation=False)
+    assert seen[:2] == [1, 1] or seen[0] == 1
+    assert seen[10:] == [0] * 90  # the failure: off for good
+    after, seen = run(calibrated_speculation=True)
+    assert sum(g > 0 for g in seen[10:]) >= 80  # speculation comes back and stays
+    # The calibration's calls count toward ρ_s and γ's timed calls, not toward α, L or history.
+    fresh = gamma_control.GammaController(c)
+    fresh.time_speculative(2, 0.05, tokens, 12)
+    assert fresh.timed_calls == {2: 1} and fresh.alpha is None and fresh.calls == 0
+    assert fresh.calibration_ms[2] == pytest.approx((50.0, c.speculative_call_ms(2, 12)))
+    assert not fresh.measured_ms and not fresh.modelled_ms and not fresh.history
+    fresh.time_speculative(3, 0.05, tokens, 10)
+    fresh.time_baseline(c.baseline_call_ms(tokens) / 1e3, tokens)
+    fresh.time_baseline(c.baseline_call_ms(tokens) / 1e3, tokens)
+    pooled = 100.0 / (c.speculative_call_ms(2, 12) + c.speculative_call_ms(3, 10))
+    assert fresh.corrections()["speculative"] == pytest.approx(pooled)  # ρ_s from them alone
+    # Refutation and confirmation rest on the run's own calls: the calibration's ms is not in them.
+    for _ in range(3):
+        fresh.observe(2, 0.02, tokens, 12)
+    speedup, _ = fresh.measured_speedup(2)
+    assert speedup == pytest.approx(c.baseline_call_ms(tokens) / 20.0)
+    for bad in ((0, 0.05, tokens, 12), (2, -1.0, tokens, 12), (2, 0.05, 0, 12), (2, 0.05, 9, 0)):
+        with pytest.raises(ValueError, match="time_speculative needs"):
+            fresh.time_speculative(*bad)
