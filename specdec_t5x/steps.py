@@ -273,7 +273,7 @@ def unpack_params(module: network.Transformer, params):
     ones = jnp.ones((1, 1), jnp.int32)
     shapes = jax.eval_shape(
         lambda: module.init(jax.random.PRNGKey(0), ones, ones, ones, enable_dropout=False)
-    )["params"]["decoder"]
+    )["params"]
 
     def out_features(path: tuple[str, ...]) -> int:
         node = shapes

@@ -251,14 +251,27 @@ def _dense_names(tree, prefix=""):
     return out
 
 
+def _setup_names(num_encoder_layers: int, num_decoder_layers: int) -> set[str]:
+    """The set-up projections' packed names (encoder attention + MLP, cross-attention K/V)."""
+    want = set()
+    for i in range(num_encoder_layers):
+        want |= {f"/encoder/layers_{i}/attention/{p}/kernel_packed" for p in "query key value out".split()}
+        want |= {f"/encoder/layers_{i}/mlp/{p}/kernel_packed" for p in ("wi_0", "wi_1", "wo")}
+    for i in range(num_decoder_layers):
+        want |= {f"/decoder/layers_{i}/encoder_decoder_attention/{p}/kernel_packed" for p in ("key", "value")}
+    return want
+
+
 def test_pack_params_packs_every_decode_projection(tiny_target):
     module, params = tiny_target
-    packed = models.pack_params(module, params)
+    packed = models.pack_params(module, params, "bfloat16")
     names = _dense_names(packed)
     assert cpu_kernel.is_packed(packed) and not cpu_kernel.is_packed(params)
     packed_names = {n for n in names if n.endswith("/kernel_packed")}
+    cfg = module.config
+    setup = _setup_names(cfg.num_encoder_layers, cfg.num_decoder_layers)
     want = {"/decoder/logits_dense/kernel_packed"}
-    for i in range(2):
+    for i in range(cfg.num_decoder_layers):
         want |= {
             f"/decoder/layers_{i}/self_attention/{p}/kernel_packed"
             for p in "query key value out".split()
@@ -268,14 +281,70 @@ def test_pack_params_packs_every_decode_projection(tiny_target):
             for p in ("query", "out")
         }
         want |= {f"/decoder/layers_{i}/mlp/{p}/kernel_packed" for p in ("wi_0", "wi_1", "wo")}
-    assert packed_names == want
+    assert packed_names == want | setup
+    assert not any(n.endswith("/kernel") for n in names)  # one copy of every projection
+
+    def at(tree, name):
+        for key in name.strip("/").split("/"):
+            tree = tree[key]
+        return tree
+
+    # The decode projections in the weight dtype asked for; the set-up ones in float32 always.
+    assert {at(packed, n).dtype for n in want} == {jnp.dtype(jnp.bfloat16)}
+    assert {at(packed, n).dtype for n in setup} == {jnp.dtype(jnp.float32)}
+    for n in setup:  # the same panels as packing the raw kernel alone
+        raw = at(params, n.replace("kernel_packed", "kernel"))
+        np.testing.assert_array_equal(at(packed, n), cpu_kernel.pack(raw))
     # Everything else is the very same array (no second copy), and the input is untouched.
-    assert packed["encoder"] is params["encoder"]
+    assert packed["encoder"]["relpos_bias"] is params["encoder"]["relpos_bias"]
+    assert packed["encoder"]["layers_0"]["pre_mlp_layer_norm"] is (
+        params["encoder"]["layers_0"]["pre_mlp_layer_norm"]
+    )
     assert packed["token_embedder"] is params["token_embedder"]
+    assert "kernel" in params["decoder"]["logits_dense"]
+    assert "kernel" in params["encoder"]["layers_0"]["mlp"]["wo"]
+    assert models.pack_params(module, packed, "bfloat16") is packed  # idempotent
+
+
+def test_setup_switch_leaves_the_set_up_on_jnp_dot(tiny_target):
+    """SPECDEC_CPU_KERNEL_SETUP=0 (A/B runs) packs the decode projections only: the encoder and
+    the cross-attention K/V are the raw tree's very arrays."""
+    module, params = tiny_target
+    with cpu_kernel.env_var(cpu_kernel.SETUP_ENV_VAR, "0"):
+        packed = models.pack_params(module, params)
+    names = {n for n in _dense_names(packed) if n.endswith("/kernel_packed")}
+    cfg = module.config
+    assert names and not names & _setup_names(cfg.num_encoder_layers, cfg.num_decoder_layers)
+    assert packed["encoder"] is params["encoder"]
     cross = packed["decoder"]["layers_0"]["encoder_decoder_attention"]
     assert cross["key"] is params["decoder"]["layers_0"]["encoder_decoder_attention"]["key"]
-    assert "kernel" in params["decoder"]["logits_dense"]
-    assert models.pack_params(module, packed) is packed  # idempotent
+
+
+def test_packed_set_up_matches_jnp_dot(tiny_target):
+    """The encoder output and the cached cross-attention K/V from a packed tree (set-up on the
+    kernel) agree with the raw tree's (jnp.dot) to 1e-5, at every length bucket."""
+    from specdec_t5x import steps
+
+    module, params = tiny_target
+    packed = models.pack_params(module, params)
+    with cpu_kernel.env_var(cpu_kernel.SETUP_ENV_VAR, "0"):
+        decode_only = models.pack_params(module, params)
+    assert "kernel_packed" in packed["encoder"]["layers_0"]["mlp"]["wo"]
+    enc_len = 64
+    setup = jax.jit(lambda p, e: steps.prepare_cache(module, p, e, 8))
+    rng = np.random.default_rng(0)
+    for length in (5, 16, 40, 64):
+        enc = np.zeros((2, enc_len), np.int32)
+        enc[:, :length] = rng.integers(2, module.config.vocab_size, (2, length))
+        enc = jnp.asarray(enc)
+        got, want = setup(packed, enc), setup(decode_only, enc)
+        leaves = jax.tree_util.tree_leaves_with_path(want)
+        assert any("cached_key" in jax.tree_util.keystr(k) for k, _ in leaves)
+        for (path, w), g in zip(leaves, jax.tree_util.tree_leaves(got), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=jax.tree_util.keystr(path))
+        encoded = steps.encode(module, packed, enc)
+        ref = steps.encode(module, decode_only, enc)
+        np.testing.assert_allclose(encoded, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_packed_trees_narrow_to_bfloat16_and_unpack_exactly(tiny_target):
@@ -299,7 +368,7 @@ def test_packed_trees_narrow_to_bfloat16_and_unpack_exactly(tiny_target):
     ):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-    assert narrowed["encoder"] is params["encoder"]  # only the projections change
+    assert narrowed["encoder"]["relpos_bias"] is params["encoder"]["relpos_bias"]
     assert models.pack_params(module, narrowed, "float32") is narrowed  # never widened
     assert models.pack_params(module, narrowed, "bfloat16") is narrowed
 

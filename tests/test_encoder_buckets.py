@@ -74,8 +74,13 @@ def test_env_off_and_raw_params_keep_padded_encoder_bit_for_bit(target, monkeypa
     ref = module.apply({"params": params}, enc, enable_dropout=False, method=module.encode)
     np.testing.assert_array_equal(steps.encode(module, params, enc), ref)
     monkeypatch.setenv(steps.BUCKETS_ENV_VAR, "0")
-    np.testing.assert_array_equal(steps.encode(module, packed, enc), ref)
+    # The encoder's own projections on the kernel change only the float32 summation order...
+    np.testing.assert_allclose(steps.encode(module, packed, enc), ref, rtol=1e-5, atol=1e-5)
     assert steps.setup_length(packed, enc) == ENC_LEN
+    # ... and with them on jnp.dot (SPECDEC_CPU_KERNEL_SETUP=0) it is T5X's encoder bit for bit.
+    with cpu_kernel.env_var(cpu_kernel.SETUP_ENV_VAR, "0"):
+        decode_only = models.pack_params(module, params)
+    np.testing.assert_array_equal(steps.encode(module, decode_only, enc), ref)
 
 
 @needs_kernel

@@ -59,6 +59,8 @@ SHORTLIST_INDEX_NAME = "shortlist_index"
 WEIGHT_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ENV_VAR = "SPECDEC_CPU_KERNEL"  # "0" turns the kernel off
 ATTENTION_ENV_VAR = "SPECDEC_CPU_ATTENTION"  # "0" keeps XLA's attention with packed weights (A/B)
+# "0" leaves the set-up projections (encoder, cross-attention K/V) on jnp.dot when packing (A/B).
+SETUP_ENV_VAR = "SPECDEC_CPU_KERNEL_SETUP"
 
 
 @contextlib.contextmanager
@@ -399,28 +401,59 @@ def dense(x: Array, packed: Array, features: int, dtype: Any) -> Array:
 _ATTENTION = {
     "self_attention": ("query", "key", "value", "out"),
     "encoder_decoder_attention": ("query", "out"),
-}  # cross K/V: cached, used once
+}  # cross K/V: cached, used once per call (a set-up projection, below)
 _MLP = ("wi", "wi_0", "wi_1", "wo")
+# The projections a decode's set-up runs once per call on every source position (M = the source
+# length in rows): the encoder's, and the cross-attention K/V the cache keeps.
+_SETUP = {
+    "encoder": {"attention": ("query", "key", "value", "out"), "mlp": _MLP},
+    "decoder": {"encoder_decoder_attention": ("key", "value")},
+}
 
 
-def _projection_paths(decoder: dict) -> list[tuple[str, ...]]:
-    """Paths (inside `decoder`) of every Dense a cached decode step runs."""
-    paths = [("logits_dense",)] if "logits_dense" in decoder else []
-    # `layers_{i}` (T5X's names) or one `layers` module under nn.scan (leading layer axis).
-    for layer in sorted(k for k in decoder if k == "layers" or k.startswith("layers_")):
+def _layers(stack: dict) -> list[str]:
+    """`layers_{i}` (T5X's names) or one `layers` module under nn.scan (leading layer axis)."""
+    return sorted(k for k in stack if k == "layers" or k.startswith("layers_"))
+
+
+def _projection_paths(params) -> list[tuple[str, ...]]:
+    """Paths (from the tree's root, e.g. `('decoder', 'layers_0', 'mlp', 'wo')`) of every Dense
+    a cached decode step runs."""
+    decoder = params.get("decoder", {})
+    paths = [("decoder", "logits_dense")] if "logits_dense" in decoder else []
+    for layer in _layers(decoder):
         for block, names in _ATTENTION.items():
-            paths += [(layer, block, n) for n in names if n in decoder[layer].get(block, {})]
-        paths += [(layer, "mlp", n) for n in _MLP if n in decoder[layer].get("mlp", {})]
+            paths += [("decoder", layer, block, n) for n in names if n in decoder[layer].get(block, {})]
+        paths += [("decoder", layer, "mlp", n) for n in _MLP if n in decoder[layer].get("mlp", {})]
     return paths
+
+
+def _setup_paths(params) -> list[tuple[str, ...]]:
+    """Paths (from the root) of the set-up projections (`_SETUP`) the tree has."""
+    paths = []
+    for stack, blocks in _SETUP.items():
+        node = params.get(stack, {})
+        for layer in _layers(node):
+            for block, names in blocks.items():
+                paths += [(stack, layer, block, n) for n in names if n in node[layer].get(block, {})]
+    return paths
+
+
+def setup_enabled() -> bool:
+    """Whether `pack_params` packs the set-up projections too (`SPECDEC_CPU_KERNEL_SETUP`, on by
+    default): the encoder's and the cross-attention K/V, float32 panels whatever the weight dtype.
+    Read when packing."""
+    return os.environ.get(SETUP_ENV_VAR, "1").strip() != "0"
 
 
 def packed_arrays(params) -> list:
     """The `kernel_packed` arrays of a tree's decode projections, each `float32/bfloat16 [P, K, 32]`
     (`[layers, P, K, 32]` for scanned layers); an empty list for a raw tree."""
-    decoder = params.get("decoder", {}) if hasattr(params, "get") else {}
+    if not hasattr(params, "get"):
+        return []
     leaves = []
-    for path in _projection_paths(decoder):
-        node = decoder
+    for path in _projection_paths(params):
+        node = params
         for key in path:
             node = node[key]
         if PACKED_NAME in node:
@@ -454,14 +487,19 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
 
     Each `decoder/.../{query,key,value,out,wi*,wo,logits_dense}/kernel [K, N]` of the decoder's
     self-attention, cross-attention query/out, MLP and logits layer becomes `kernel_packed
-    [ceil(N / 32), K, 32]` (see `pack`). Everything else (embedding, encoder, norms, relative
-    position biases, cross-attention key/value, which are applied once per sequence) is the same
-    array object, so the packed tree does not copy it. Call it once per parameter set, outside
-    every decode loop, and drop the raw tree (the packed one serves every decoder use, the
-    teacher-forced forward included): one copy of each projection. It is idempotent; an already
-    packed tree is returned as is, except that float32 panels are narrowed (rounded) to bfloat16
-    when weight_dtype='bfloat16' asks for it (bfloat16 panels are never widened back). The input
-    tree is not modified (checkpoints and the T5X parameter layout are untouched).
+    [ceil(N / 32), K, 32]` (see `pack`), stored in `weight_dtype`. So do, in float32 whatever
+    `weight_dtype` is, the set-up projections a decode runs once per call on every source
+    position: the encoder's attention and MLP kernels and the decoder's cross-attention key/value
+    (at M = the source length XLA:CPU's GEMM ran at about half the kernel's rate: the embedded
+    En→De target's set-up went from 5.7 to 3.8 ms for a 32-token source, session 25;
+    `SPECDEC_CPU_KERNEL_SETUP=0` leaves them on `jnp.dot`, for A/B runs). Everything else
+    (embeddings, norms, relative position biases) is the same array object, so the packed tree
+    does not copy it. Call it once per parameter set, outside every decode loop, and drop the raw
+    tree (the packed one serves every use of the model, the teacher-forced forward included): one
+    copy of each projection. It is idempotent; an already packed tree is returned as is, except
+    that float32 decode panels are narrowed (rounded) to bfloat16 when weight_dtype='bfloat16'
+    asks for it (bfloat16 panels are never widened back). The input tree is not modified
+    (checkpoints and the T5X parameter layout are untouched).
 
     Returns `params` unchanged (the decoder then runs `jnp.dot`) when the kernel is off
     (`SPECDEC_CPU_KERNEL=0`), the default backend is not CPU, the extension is missing, the
@@ -501,25 +539,30 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
         _log_fallback_once(reason)
         return params
 
-    def pack_dense(path, dense: dict) -> dict:
-        dense = dict(dense)
-        kernel = dense.pop(SHORTLIST_KERNEL_NAME if SHORTLIST_INDEX_NAME in dense else "kernel")
-        if kernel.ndim == 3:  # scanned layers: [layers, K, N] -> [layers, P, K, 32]
-            dense[PACKED_NAME] = jax.vmap(lambda w: pack(w, weight_dtype))(kernel)
-        else:
-            dense[PACKED_NAME] = pack(kernel, weight_dtype)
-        return dense
+    def packer(dtype_name: str):
+        def pack_dense(path, dense: dict) -> dict:
+            dense = dict(dense)
+            kernel = dense.pop(SHORTLIST_KERNEL_NAME if SHORTLIST_INDEX_NAME in dense else "kernel")
+            if kernel.ndim == 3:  # scanned layers: [layers, K, N] -> [layers, P, K, 32]
+                dense[PACKED_NAME] = jax.vmap(lambda w: pack(w, dtype_name))(kernel)
+            else:
+                dense[PACKED_NAME] = pack(kernel, dtype_name)
+            return dense
 
-    return _map_projections(params, pack_dense)
+        return pack_dense
+
+    out = _map_projections(params, packer(weight_dtype))
+    if setup_enabled():
+        out = _map_projections(out, packer("float32"), _setup_paths(out))
+    return out
 
 
-def _map_projections(params, fn):
-    """A new tree with `fn(path, dense dict)` at every decode projection (`_projection_paths`);
-    every other node is the very same object (no copy)."""
+def _map_projections(params, fn, paths=None):
+    """A new tree with `fn(path, dense dict)` at every path of `paths` (default: the decode
+    projections, `_projection_paths`); every other node is the very same object (no copy)."""
     out = dict(params)
-    decoder = out["decoder"] = dict(params["decoder"])
-    for path in _projection_paths(params["decoder"]):
-        parent = decoder
+    for path in _projection_paths(params) if paths is None else paths:
+        parent = out
         for key in path[:-1]:
             parent[key] = dict(parent[key])
             parent = parent[key]
@@ -535,8 +578,9 @@ def unpack_params(params, out_features):
 
     Args:
       params: T5 parameter tree, packed or raw.
-      out_features: callable `(path: tuple of str inside params['decoder']) -> N`, the output
-        width of that Dense (e.g. `steps.unpack_params` reads it from the model's shapes).
+      out_features: callable `(path: tuple of str from the tree's root, e.g. ('decoder',
+        'layers_0', 'mlp', 'wo')) -> N`, the output width of that Dense (e.g.
+        `steps.unpack_params` reads it from the model's shapes).
 
     Returns:
       A new tree with float32 `kernel`s where `kernel_packed` was (`params` itself if raw).
@@ -557,4 +601,5 @@ def unpack_params(params, out_features):
         dense[name] = jax.vmap(lambda w: unpack(w, n))(packed) if scanned else unpack(packed, n)
         return dense
 
-    return _map_projections(params, unpack_dense)
+    out = _map_projections(params, unpack_dense)
+    return _map_projections(out, unpack_dense, _setup_paths(out))
