@@ -1,17 +1,24 @@
-"""Encoder length buckets on and off: decode times of the shipped pairs, interleaved.
+"""A set-up switch on and off: decode times of the shipped pairs, interleaved.
 
     python scripts/encoder_buckets_ab.py --num_examples 40 --rounds 6 --out results/encoder_buckets
+    python scripts/encoder_buckets_ab.py --switch setup_kernel --out results/setup_kernel
+
+`--switch buckets` (default): encoder length buckets (`steps.bucketed`) against the padded length
+(`SPECDEC_ENCODER_BUCKETS=0`, read while tracing). `--switch setup_kernel`: the set-up's
+projections (encoder, cross-attention K/V) on the CPU kernel against `jnp.dot`
+(`SPECDEC_CPU_KERNEL_SETUP=0`, read while packing). Each variant packs and traces under its own
+setting.
 
 For each task (DDTP En→De, T = 0; Debian summarization, T = 0 and T = 1) the shipped target and
 draft decode the first `--num_examples` validation sources, batch 1, γ = the task's fixed-γ gin
 setting, four ways: the baseline (`decoding.temperature_sample`) and speculative decoding, each
-with the set-up at the sources' length bucket (`steps.bucketed`, the default) and at the padded
-length (`SPECDEC_ENCODER_BUCKETS=0` while tracing). Every round times all four on every source in
+with the switch on (the default) and off. Every round times all four on every source in
 a seeded random order (compilation and one warm-up call excluded); the table gives the median
 over rounds of the per-source mean time and of the per-round speed-up, and whether the four
 decodes of each source agree (greedy: token for token).
 
-Writes <out>/encoder_buckets.{json,md} with command, commit, hardware and date.
+Writes <out>/<switch name>.{json,md} (encoder_buckets or setup_kernel) with command, commit,
+hardware and date.
 """
 
 import argparse
@@ -39,7 +46,20 @@ TASKS = {  # name: (seqio task, target gin, draft gin, enc_len, max_decode_len, 
         (0.0, 1.0),
     ),
 }
-VARIANTS = {"buckets": "1", "padded": "0"}
+SWITCHES = {  # --switch: (environment variable, {variant: its value}, output name, title)
+    "buckets": (
+        steps.BUCKETS_ENV_VAR,
+        {"buckets": "1", "padded": "0"},
+        "encoder_buckets",
+        "Encoder length buckets: decode time per source with and without them",
+    ),
+    "setup_kernel": (
+        cpu_kernel.SETUP_ENV_VAR,
+        {"kernel": "1", "jnp_dot": "0"},
+        "setup_kernel",
+        "Set-up projections on the CPU kernel or on jnp.dot: decode time per source",
+    ),
+}
 
 
 def _build(target_gin: str, draft_gin: str):
@@ -52,10 +72,21 @@ def _build(target_gin: str, draft_gin: str):
     return model, model.pack_params(params)
 
 
-def _measure(name: str, temperature: float, num_examples: int, rounds: int, seed: int) -> dict:
+def _speculative(model, settings: dict):
+    """`(params, draft_params, batch, rng) -> decodes` of `model` (to jit)."""
+    return lambda p, d, x, r: model.predict_batch_with_aux(p, x, r, settings, draft_params=d)[0]
+
+
+def _measure(
+    name: str, temperature: float, num_examples: int, rounds: int, seed: int, switch: str
+) -> dict:
     task, target_gin, draft_gin, enc_len, max_len, gamma, _ = TASKS[name]
-    model, params = _build(target_gin, draft_gin)
-    dparams = model.draft.params
+    env_name, variants, _, _ = SWITCHES[switch]
+    built = {}
+    for variant, env in variants.items():
+        with cpu_kernel.env_var(env_name, env):  # packing reads SPECDEC_CPU_KERNEL_SETUP
+            model, params = _build(target_gin, draft_gin)
+        built[variant] = (model, params, model.draft.params)
     base = models.EncoderDecoderModel(model.module, model.input_vocabulary, model.output_vocabulary)
     examples, _ = eval_inputs.load_examples(task, "validation", num_examples, enc_len, max_len)
     batches = [
@@ -67,19 +98,16 @@ def _measure(name: str, temperature: float, num_examples: int, rounds: int, seed
     ]
     settings = {"temperature": temperature}
     calls = {}
-    for variant, env in VARIANTS.items():
-        with cpu_kernel.env_var(steps.BUCKETS_ENV_VAR, env):  # read while tracing
+    for variant, env in variants.items():
+        model, params, dparams = built[variant]
+        with cpu_kernel.env_var(env_name, env):  # SPECDEC_ENCODER_BUCKETS is read while tracing
             b = jax.jit(lambda p, x, r: base.predict_batch_with_aux(p, x, r, settings)[0])
-            s = jax.jit(
-                lambda p, d, x, r: model.predict_batch_with_aux(
-                    p, x, r, {**settings, "gamma": gamma}, draft_params=d
-                )[0]
-            )
+            s = jax.jit(_speculative(model, {**settings, "gamma": gamma}))
             key = jax.random.PRNGKey(0)
             jax.block_until_ready(b(params, batches[0], key))
             jax.block_until_ready(s(params, dparams, batches[0], key))
-        calls[(variant, "baseline")] = lambda x, r, b=b: b(params, x, r)
-        calls[(variant, "speculative")] = lambda x, r, s=s: s(params, dparams, x, r)
+        calls[(variant, "baseline")] = lambda x, r, b=b, p=params: b(p, x, r)
+        calls[(variant, "speculative")] = lambda x, r, s=s, p=params, d=dparams: s(p, d, x, r)
     # Warm-up: each length bucket once (a branch's first run pays one-time initialisation).
     warm = [
         {**batches[0], "encoder_input_tokens": e}
@@ -106,7 +134,7 @@ def _measure(name: str, temperature: float, num_examples: int, rounds: int, seed
             per_round[k].append(total[k] * 1e3 / len(batches))
     rows = []
     lengths = [steps.setup_length(params, x["encoder_input_tokens"]) for x in batches]
-    for variant in VARIANTS:
+    for variant in variants:
         base_ms, spec_ms = per_round[(variant, "baseline")], per_round[(variant, "speculative")]
         rows.append(
             {
@@ -127,14 +155,11 @@ def _measure(name: str, temperature: float, num_examples: int, rounds: int, seed
     same = lambda a, b: sum(
         bool((x == y).all()) for x, y in zip(outputs[a], outputs[b], strict=True)
     )  # noqa: E731
+    on, off = variants
     agreement = {
-        "speculative_equals_baseline_buckets": same(
-            ("buckets", "speculative"), ("buckets", "baseline")
-        ),
-        "speculative_equals_baseline_padded": same(
-            ("padded", "speculative"), ("padded", "baseline")
-        ),
-        "baseline_buckets_equals_padded": same(("buckets", "baseline"), ("padded", "baseline")),
+        f"speculative_equals_baseline_{on}": same((on, "speculative"), (on, "baseline")),
+        f"speculative_equals_baseline_{off}": same((off, "speculative"), (off, "baseline")),
+        f"baseline_{on}_equals_{off}": same((on, "baseline"), (off, "baseline")),
     }
     return {
         "rows": rows,
@@ -142,22 +167,32 @@ def _measure(name: str, temperature: float, num_examples: int, rounds: int, seed
         "mean_source_tokens": float(np.mean([len(e["inputs"]) for e in examples])),
         "encoder_lengths": {str(n): lengths.count(n) for n in sorted(set(lengths))},
         "enc_len": enc_len,
+        "switch": switch,
     }
 
 
 def _table(result: dict) -> str:
+    switch = result.get("switch", "buckets")
+    env_name, variants, _, title = SWITCHES[switch]
+    on, off = variants
     lines = [
-        "# Encoder length buckets: decode time per source with and without them",
+        f"# {title}",
         "",
-        "Shipped pairs, batch 1, validation sources, interleaved rounds (median over rounds).",
+        "Shipped pairs, batch 1, validation sources, interleaved rounds (median over rounds); "
+        f"the switch: `{env_name}`.",
         "",
-        "| task | T | γ | set-up at | baseline ms / source | speculative ms / source | speed-up (range over rounds) |",
+        f"| task | T | γ | {'set-up at' if switch == 'buckets' else 'set-up projections on'} | baseline ms / source | speculative ms / source | speed-up (range over rounds) |",
         "|---|---|---|---|---|---|---|",
     ]
     for run in result["runs"]:
         for row in run["rows"]:
             lo, hi = row["speedup_range"]
-            at = "bucket" if row["variant"] == "buckets" else f"padded length {run['enc_len']}"
+            at = {
+                "buckets": "bucket",
+                "padded": f"padded length {run['enc_len']}",
+                "kernel": "the CPU kernel",
+                "jnp_dot": "jnp.dot",
+            }[row["variant"]]
             lines.append(
                 f"| {row['task']} | {row['temperature']:g} | {row['gamma']} | "
                 f"{at} | "
@@ -166,7 +201,7 @@ def _table(result: dict) -> str:
             )
     lines += [
         "",
-        "| task | T | sources | mean source tokens | sources per encoder length | spec = baseline (bucket / padded) | baseline bucket = padded |",
+        f"| task | T | sources | mean source tokens | sources per encoder length | spec = baseline ({on} / {off}) | baseline {on} = {off} |",
         "|---|---|---|---|---|---|---|",
     ]
     for run in result["runs"]:
@@ -174,14 +209,14 @@ def _table(result: dict) -> str:
         lengths = ", ".join(f"{k}: {v}" for k, v in run["encoder_lengths"].items())
         lines.append(
             f"| {row['task']} | {row['temperature']:g} | {a['sources']} | {run['mean_source_tokens']:.1f} | "
-            f"{lengths} | {a['speculative_equals_baseline_buckets']} / "
-            f"{a['speculative_equals_baseline_padded']} | {a['baseline_buckets_equals_padded']} |"
+            f"{lengths} | {a[f'speculative_equals_baseline_{on}']} / "
+            f"{a[f'speculative_equals_baseline_{off}']} | {a[f'baseline_{on}_equals_{off}']} |"
         )
     lines += [
         "",
         "At T = 1 the agreement columns compare samples drawn with the same key: equal outputs",
-        "are not expected from speculative vs baseline (different random draws), and bucket vs",
-        "padded baselines agree unless float32 rounding moved a sample across a boundary.",
+        f"are not expected from speculative vs baseline (different random draws), and {on} vs",
+        f"{off} baselines agree unless float32 rounding moved a sample across a boundary.",
         "",
         *([f"- during the run: {result['note']}"] if result.get("note") else []),
         *(f"- {note}" for note in provenance.markdown_lines(result)),
@@ -197,7 +232,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tasks", default="ende,sum")
     parser.add_argument("--note", default="", help="what else ran during the measurement")
-    parser.add_argument("--out", default="results/encoder_buckets")
+    parser.add_argument("--switch", default="buckets", choices=sorted(SWITCHES))
+    parser.add_argument("--out", default=None, help="default: results/<switch's output name>")
     args = parser.parse_args(argv)
     if args.num_examples < 1 or args.rounds < 1:
         raise SystemExit(
@@ -208,7 +244,9 @@ def main(argv=None) -> None:
         if name not in TASKS:
             raise SystemExit(f"unknown task {name!r}; expected one of {', '.join(TASKS)}.")
         for temperature in TASKS[name][-1]:
-            runs.append(_measure(name, temperature, args.num_examples, args.rounds, args.seed))
+            runs.append(
+                _measure(name, temperature, args.num_examples, args.rounds, args.seed, args.switch)
+            )
             for row in runs[-1]["rows"]:
                 print(
                     f"{row['task']} T={row['temperature']:g} {row['variant']}: baseline "
@@ -217,8 +255,10 @@ def main(argv=None) -> None:
                     flush=True,
                 )
     command = "python " + " ".join(sys.argv)
-    result = {"runs": runs, "note": args.note}
-    path = provenance.write_results(result, args.out, "encoder_buckets", command, _table)
+    result = {"runs": runs, "note": args.note, "switch": args.switch}
+    name = SWITCHES[args.switch][2]
+    out = args.out or f"results/{name}"
+    path = provenance.write_results(result, out, name, command, _table)
     print(path.with_suffix(".md").read_text())
 
 

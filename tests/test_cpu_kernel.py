@@ -255,10 +255,16 @@ def _setup_names(num_encoder_layers: int, num_decoder_layers: int) -> set[str]:
     """The set-up projections' packed names (encoder attention + MLP, cross-attention K/V)."""
     want = set()
     for i in range(num_encoder_layers):
-        want |= {f"/encoder/layers_{i}/attention/{p}/kernel_packed" for p in "query key value out".split()}
+        want |= {
+            f"/encoder/layers_{i}/attention/{p}/kernel_packed"
+            for p in "query key value out".split()
+        }
         want |= {f"/encoder/layers_{i}/mlp/{p}/kernel_packed" for p in ("wi_0", "wi_1", "wo")}
     for i in range(num_decoder_layers):
-        want |= {f"/decoder/layers_{i}/encoder_decoder_attention/{p}/kernel_packed" for p in ("key", "value")}
+        want |= {
+            f"/decoder/layers_{i}/encoder_decoder_attention/{p}/kernel_packed"
+            for p in ("key", "value")
+        }
     return want
 
 
@@ -297,8 +303,9 @@ def test_pack_params_packs_every_decode_projection(tiny_target):
         np.testing.assert_array_equal(at(packed, n), cpu_kernel.pack(raw))
     # Everything else is the very same array (no second copy), and the input is untouched.
     assert packed["encoder"]["relpos_bias"] is params["encoder"]["relpos_bias"]
-    assert packed["encoder"]["layers_0"]["pre_mlp_layer_norm"] is (
-        params["encoder"]["layers_0"]["pre_mlp_layer_norm"]
+    assert (
+        packed["encoder"]["layers_0"]["pre_mlp_layer_norm"]
+        is (params["encoder"]["layers_0"]["pre_mlp_layer_norm"])
     )
     assert packed["token_embedder"] is params["token_embedder"]
     assert "kernel" in params["decoder"]["logits_dense"]
@@ -318,6 +325,26 @@ def test_setup_switch_leaves_the_set_up_on_jnp_dot(tiny_target):
     assert packed["encoder"] is params["encoder"]
     cross = packed["decoder"]["layers_0"]["encoder_decoder_attention"]
     assert cross["key"] is params["decoder"]["layers_0"]["encoder_decoder_attention"]["key"]
+
+
+def test_packing_traced_parameters_leaves_the_set_up_on_jnp_dot(tiny_target):
+    """Inside a traced call (a jitted predict over raw parameters) packing runs on every call, and
+    a set-up projection is used once per call: only the decode projections are packed there."""
+    module, params = tiny_target
+    seen = {}
+
+    def trace(p):
+        packed = models.pack_params(module, p)
+        seen["names"] = {n for n in _dense_names(packed) if n.endswith("/kernel_packed")}
+        return jnp.zeros(())
+
+    jax.eval_shape(trace, params)
+    cfg = module.config
+    setup = _setup_names(cfg.num_encoder_layers, cfg.num_decoder_layers)
+    assert "/decoder/logits_dense/kernel_packed" in seen["names"]
+    assert not seen["names"] & setup
+    concrete = {n for n in _dense_names(models.pack_params(module, params)) if "packed" in n}
+    assert setup <= concrete
 
 
 def test_packed_set_up_matches_jnp_dot(tiny_target):
@@ -341,7 +368,9 @@ def test_packed_set_up_matches_jnp_dot(tiny_target):
         leaves = jax.tree_util.tree_leaves_with_path(want)
         assert any("cached_key" in jax.tree_util.keystr(k) for k, _ in leaves)
         for (path, w), g in zip(leaves, jax.tree_util.tree_leaves(got), strict=True):
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=jax.tree_util.keystr(path))
+            np.testing.assert_allclose(
+                g, w, rtol=1e-5, atol=1e-5, err_msg=jax.tree_util.keystr(path)
+            )
         encoded = steps.encode(module, packed, enc)
         ref = steps.encode(module, decode_only, enc)
         np.testing.assert_allclose(encoded, ref, rtol=1e-5, atol=1e-5)

@@ -423,7 +423,9 @@ def _projection_paths(params) -> list[tuple[str, ...]]:
     paths = [("decoder", "logits_dense")] if "logits_dense" in decoder else []
     for layer in _layers(decoder):
         for block, names in _ATTENTION.items():
-            paths += [("decoder", layer, block, n) for n in names if n in decoder[layer].get(block, {})]
+            paths += [
+                ("decoder", layer, block, n) for n in names if n in decoder[layer].get(block, {})
+            ]
         paths += [("decoder", layer, "mlp", n) for n in _MLP if n in decoder[layer].get("mlp", {})]
     return paths
 
@@ -435,7 +437,9 @@ def _setup_paths(params) -> list[tuple[str, ...]]:
         node = params.get(stack, {})
         for layer in _layers(node):
             for block, names in blocks.items():
-                paths += [(stack, layer, block, n) for n in names if n in node[layer].get(block, {})]
+                paths += [
+                    (stack, layer, block, n) for n in names if n in node[layer].get(block, {})
+                ]
     return paths
 
 
@@ -492,7 +496,9 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
     position: the encoder's attention and MLP kernels and the decoder's cross-attention key/value
     (at M = the source length XLA:CPU's GEMM ran at about half the kernel's rate: the embedded
     En→De target's set-up went from 5.7 to 3.8 ms for a 32-token source, session 25;
-    `SPECDEC_CPU_KERNEL_SETUP=0` leaves them on `jnp.dot`, for A/B runs). Everything else
+    `SPECDEC_CPU_KERNEL_SETUP=0` leaves them on `jnp.dot`, for A/B runs; so does packing traced
+    parameters inside a jitted call, where they would be packed on every call and used once).
+    Everything else
     (embeddings, norms, relative position biases) is the same array object, so the packed tree
     does not copy it. Call it once per parameter set, outside every decode loop, and drop the raw
     tree (the packed one serves every use of the model, the teacher-forced forward included): one
@@ -552,9 +558,22 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
         return pack_dense
 
     out = _map_projections(params, packer(weight_dtype))
-    if setup_enabled():
+    if setup_enabled() and not _traced(params, _setup_paths(params)):
         out = _map_projections(out, packer("float32"), _setup_paths(out))
     return out
+
+
+def _traced(params, paths) -> bool:
+    """Whether any kernel at `paths` is a tracer: packing inside a traced call (a jitted
+    `predict_batch_with_aux` over raw parameters) happens on every call, and a set-up projection
+    is used once per call, so packing it there would cost about what it saves."""
+    for path in paths:
+        node = params
+        for key in path:
+            node = node[key]
+        if isinstance(node.get("kernel"), jax.core.Tracer):
+            return True
+    return False
 
 
 def _map_projections(params, fn, paths=None):
