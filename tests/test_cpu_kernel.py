@@ -507,6 +507,8 @@ def test_scanned_layers_use_the_kernel(monkeypatch):
     params = init_params(module, 2)
     packed = models.pack_params(module, params)
     assert packed["decoder"]["layers"]["mlp"]["wo"]["kernel_packed"].shape == (2, 1, 16, 32)
+    encoder_wo = packed["encoder"]["layers"]["mlp"]["wo"]["kernel_packed"]  # the set-up's too
+    assert encoder_wo.shape[0] == 2 and encoder_wo.shape[-1] == 32
     enc = encoder_inputs(1, 5, [5])
     model = models.EncoderDecoderModel(module)
     tokens = jnp.asarray([[0, 5, 7]], jnp.int32)
