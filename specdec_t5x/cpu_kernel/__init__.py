@@ -398,11 +398,16 @@ def dense(x: Array, packed: Array, features: int, dtype: Any) -> Array:
 # ----------------------------------------------------------------------------------------------
 # Parameter trees: pack the decoder projections of a T5 tree (T5X names, see `network`) once.
 
-_ATTENTION = {
-    "self_attention": ("query", "key", "value", "out"),
-    "encoder_decoder_attention": ("query", "out"),
-}  # cross K/V: cached, used once per call (a set-up projection, below)
 _MLP = ("wi", "wi_0", "wi_1", "wo")
+# {stack: {block: Dense names}} of the Dense layers a cached decode step runs (plus the decoder's
+# `logits_dense`); the cross-attention K/V are cached, used once per call (set-up, below).
+_DECODE = {
+    "decoder": {
+        "self_attention": ("query", "key", "value", "out"),
+        "encoder_decoder_attention": ("query", "out"),
+        "mlp": _MLP,
+    }
+}
 # The projections a decode's set-up runs once per call on every source position (M = the source
 # length in rows): the encoder's, and the cross-attention K/V the cache keeps.
 _SETUP = {
@@ -411,36 +416,35 @@ _SETUP = {
 }
 
 
-def _layers(stack: dict) -> list[str]:
-    """`layers_{i}` (T5X's names) or one `layers` module under nn.scan (leading layer axis)."""
-    return sorted(k for k in stack if k == "layers" or k.startswith("layers_"))
+def _paths(params, table: dict) -> list[tuple[str, ...]]:
+    """Paths from the tree's root (e.g. `('decoder', 'layers_0', 'mlp', 'wo')`) of the Dense
+    layers of `table` the tree has, in `layers_{i}` (T5X's names) or one `layers` module under
+    nn.scan (leading layer axis)."""
+    paths = []
+    for stack, blocks in table.items():
+        node = params.get(stack, {})
+        for layer in sorted(k for k in node if k == "layers" or k.startswith("layers_")):
+            for block, names in blocks.items():
+                have = node[layer].get(block, {})
+                paths += [(stack, layer, block, n) for n in names if n in have]
+    return paths
 
 
 def _projection_paths(params) -> list[tuple[str, ...]]:
-    """Paths (from the tree's root, e.g. `('decoder', 'layers_0', 'mlp', 'wo')`) of every Dense
-    a cached decode step runs."""
-    decoder = params.get("decoder", {})
-    paths = [("decoder", "logits_dense")] if "logits_dense" in decoder else []
-    for layer in _layers(decoder):
-        for block, names in _ATTENTION.items():
-            paths += [
-                ("decoder", layer, block, n) for n in names if n in decoder[layer].get(block, {})
-            ]
-        paths += [("decoder", layer, "mlp", n) for n in _MLP if n in decoder[layer].get("mlp", {})]
-    return paths
+    """Paths (from the root) of every Dense a cached decode step runs."""
+    logits = [("decoder", "logits_dense")] if "logits_dense" in params.get("decoder", {}) else []
+    return logits + _paths(params, _DECODE)
 
 
 def _setup_paths(params) -> list[tuple[str, ...]]:
     """Paths (from the root) of the set-up projections (`_SETUP`) the tree has."""
-    paths = []
-    for stack, blocks in _SETUP.items():
-        node = params.get(stack, {})
-        for layer in _layers(node):
-            for block, names in blocks.items():
-                paths += [
-                    (stack, layer, block, n) for n in names if n in node[layer].get(block, {})
-                ]
-    return paths
+    return _paths(params, _SETUP)
+
+
+def _node(params, path: tuple[str, ...]):
+    for key in path:
+        params = params[key]
+    return params
 
 
 def setup_enabled() -> bool:
@@ -455,14 +459,8 @@ def packed_arrays(params) -> list:
     (`[layers, P, K, 32]` for scanned layers); an empty list for a raw tree."""
     if not hasattr(params, "get"):
         return []
-    leaves = []
-    for path in _projection_paths(params):
-        node = params
-        for key in path:
-            node = node[key]
-        if PACKED_NAME in node:
-            leaves.append(node[PACKED_NAME])
-    return leaves
+    nodes = [_node(params, path) for path in _projection_paths(params)]
+    return [node[PACKED_NAME] for node in nodes if PACKED_NAME in node]
 
 
 def is_packed(params) -> bool:
@@ -494,13 +492,11 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
     [ceil(N / 32), K, 32]` (see `pack`), stored in `weight_dtype`. So do, in float32 whatever
     `weight_dtype` is, the set-up projections a decode runs once per call on every source
     position: the encoder's attention and MLP kernels and the decoder's cross-attention key/value
-    (at M = the source length XLA:CPU's GEMM ran at about half the kernel's rate: the embedded
-    En→De target's set-up went from 5.7 to 3.8 ms for a 32-token source, session 25;
+    (at M = the source length the kernel beats XLA:CPU's GEMM: results/setup_kernel/;
     `SPECDEC_CPU_KERNEL_SETUP=0` leaves them on `jnp.dot`, for A/B runs; so does packing traced
     parameters inside a jitted call, where they would be packed on every call and used once).
-    Everything else
-    (embeddings, norms, relative position biases) is the same array object, so the packed tree
-    does not copy it. Call it once per parameter set, outside every decode loop, and drop the raw
+    Everything else (embeddings, norms, relative position biases) is the same array object, so
+    the packed tree does not copy it. Call it once per parameter set, outside every decode loop, and drop the raw
     tree (the packed one serves every use of the model, the teacher-forced forward included): one
     copy of each projection. It is idempotent; an already packed tree is returned as is, except
     that float32 decode panels are narrowed (rounded) to bfloat16 when weight_dtype='bfloat16'
@@ -567,13 +563,7 @@ def _traced(params, paths) -> bool:
     """Whether any kernel at `paths` is a tracer: packing inside a traced call (a jitted
     `predict_batch_with_aux` over raw parameters) happens on every call, and a set-up projection
     is used once per call, so packing it there would cost about what it saves."""
-    for path in paths:
-        node = params
-        for key in path:
-            node = node[key]
-        if isinstance(node.get("kernel"), jax.core.Tracer):
-            return True
-    return False
+    return any(isinstance(_node(params, p).get("kernel"), jax.core.Tracer) for p in paths)
 
 
 def _map_projections(params, fn, paths=None):
