@@ -6,7 +6,6 @@ Each RESULTS_DIR is an eval output folder holding metrics.json (or a parent of s
 """
 
 import argparse
-import json
 import pathlib
 
 from specdec_t5x import reports
@@ -27,8 +26,7 @@ def main() -> None:
     if not files:
         raise SystemExit(f"no metrics.json under {args.dirs}")
     table = reports.results_table(files)
-    first = json.loads(files[0].read_text())
-    footer = f"\nHardware: {first['hardware']}; commit {first['commit']}; {first['date']}."
+    footer = "\n" + reports.provenance_footer(files)
     print(table + footer)
     if args.out:
         pathlib.Path(args.out).write_text(table + "\n" + footer + "\n")

@@ -22,21 +22,7 @@ def _metrics(path: pathlib.Path) -> dict:
 def _table(dirs) -> str:
     """The rows' table and their provenance: one line, or one per commit when the rows differ."""
     files = [d / "metrics.json" for d in dirs]
-    runs = [json.loads(f.read_text()) for f in files]
-    first = runs[0]
-    if len({m["commit"] for m in runs}) == 1:
-        return reports.results_table(files) + (
-            f"\n\nHardware: {first['hardware']}; commit `{first['commit']}`; {first['date']}."
-        )
-    lines = []
-    for commit in dict.fromkeys(m["commit"] for m in runs):
-        rows = [(d.name, m) for d, m in zip(dirs, runs, strict=True) if m["commit"] == commit]
-        dates = sorted(m["date"] for _, m in rows)
-        lines.append(
-            f"- {', '.join(name for name, _ in rows)}: commit `{commit}`, "
-            f"{dates[0]} to {dates[-1]}; {rows[0][1]['hardware']}."
-        )
-    return reports.results_table(files) + "\n\nRows from more than one run:\n\n" + "\n".join(lines)
+    return reports.results_table(files) + "\n\n" + reports.provenance_footer(files)
 
 
 def _sweep(m: dict) -> str:

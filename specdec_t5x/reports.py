@@ -415,6 +415,31 @@ def results_table(metrics_files: Sequence[str | os.PathLike]) -> str:
     return "\n".join([TABLE_HEADER, *rows])
 
 
+def provenance_footer(metrics_files: Sequence[str | os.PathLike]) -> str:
+    """Where a `results_table` of these runs came from: one line when every run has one commit,
+    else one line per commit naming its runs' folders, their first and last dates and hardware
+    (a table assembled from runs at several commits must say which row came from which).
+
+    Raises ValueError if metrics_files is empty.
+    """
+    if not metrics_files:
+        raise ValueError("provenance_footer needs at least one metrics.json, got none")
+    paths = [pathlib.Path(f) for f in metrics_files]
+    runs = [json.loads(f.read_text()) for f in paths]
+    first = runs[0]
+    if len({m["commit"] for m in runs}) == 1:
+        return f"Hardware: {first['hardware']}; commit `{first['commit']}`; {first['date']}."
+    lines = []
+    for commit in dict.fromkeys(m["commit"] for m in runs):
+        rows = [(f.parent.name, m) for f, m in zip(paths, runs, strict=True) if m["commit"] == commit]
+        dates = sorted(m["date"] for _, m in rows)
+        lines.append(
+            f"- {', '.join(name for name, _ in rows)}: commit `{commit}`, "
+            f"{dates[0]} to {dates[-1]}; {rows[0][1]['hardware']}."
+        )
+    return "Rows from more than one run:\n\n" + "\n".join(lines)
+
+
 def write_eval_outputs(out_dir, metrics, runs, gammas, gamma, examples, vocabulary, eos_id):
     """Writes `metrics.json`, `table_row.md`, `predictions.jsonl` and `speedup.png` to out_dir."""
     out_dir = pathlib.Path(out_dir)

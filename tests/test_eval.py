@@ -526,3 +526,22 @@ def test_bfloat16_cpu_weights_report_what_flipped(tiny_pair, data_dir, tmp_path)
         assert (f["position"], f["float32_token"], f["bfloat16_token"]) == (t, int(a[t]), int(b[t]))
         assert f["float32_logit_gap"] >= 0.0 and f["bfloat16_logit_gap"] >= 0.0
     assert report["max_float32_logit_gap"] == max(f["float32_logit_gap"] for f in report["flips"])
+
+
+def test_provenance_footer_names_each_commits_rows(tmp_path):
+    def run(name, commit, date):
+        d = tmp_path / name
+        d.mkdir()
+        m = {"hardware": f"cpu of {name}", "commit": commit, "date": date}
+        (d / "metrics.json").write_text(json.dumps(m))
+        return d / "metrics.json"
+
+    a, b = run("ende_t0", "aaa", "2026-01-01"), run("sum_t0", "bbb", "2026-01-02")
+    c = run("sum_t1", "bbb", "2026-01-03")
+    assert reports.provenance_footer([a]) == "Hardware: cpu of ende_t0; commit `aaa`; 2026-01-01."
+    footer = reports.provenance_footer([a, b, c])
+    assert footer.startswith("Rows from more than one run:")
+    assert "- ende_t0: commit `aaa`, 2026-01-01 to 2026-01-01; cpu of ende_t0." in footer
+    assert "- sum_t0, sum_t1: commit `bbb`, 2026-01-02 to 2026-01-03; cpu of sum_t0." in footer
+    with pytest.raises(ValueError, match="at least one"):
+        reports.provenance_footer([])
