@@ -417,8 +417,9 @@ def results_table(metrics_files: Sequence[str | os.PathLike]) -> str:
 
 def provenance_footer(metrics_files: Sequence[str | os.PathLike]) -> str:
     """Where a `results_table` of these runs came from: one line when every run has one commit,
-    else one line per commit naming its runs' folders, their first and last dates and hardware
-    (a table assembled from runs at several commits must say which row came from which).
+    else one line per commit naming its runs' folders (with their parent folder when two runs'
+    folders share a name), their first and last dates and hardware (a table assembled from runs
+    at several commits must say which row came from which).
 
     Raises ValueError if metrics_files is empty.
     """
@@ -429,15 +430,68 @@ def provenance_footer(metrics_files: Sequence[str | os.PathLike]) -> str:
     first = runs[0]
     if len({m["commit"] for m in runs}) == 1:
         return f"Hardware: {first['hardware']}; commit `{first['commit']}`; {first['date']}."
+    names = [f.parent.name for f in paths]
+    if len(set(names)) < len(names):  # the same run folder name under several tables
+        names = [f"{f.parent.parent.name}/{f.parent.name}" for f in paths]
     lines = []
     for commit in dict.fromkeys(m["commit"] for m in runs):
-        rows = [(f.parent.name, m) for f, m in zip(paths, runs, strict=True) if m["commit"] == commit]
+        rows = [(n, m) for n, m in zip(names, runs, strict=True) if m["commit"] == commit]
         dates = sorted(m["date"] for _, m in rows)
         lines.append(
             f"- {', '.join(name for name, _ in rows)}: commit `{commit}`, "
             f"{dates[0]} to {dates[-1]}; {rows[0][1]['hardware']}."
         )
     return "Rows from more than one run:\n\n" + "\n".join(lines)
+
+
+RUN_TO_RUN_HEADER = (
+    "| run | T | verify/step | T(1) | iteration | set-up share | speed | decode-loop speed "
+    "| Predicted (measured verify) | counted iterations | Predicted (measured costs) "
+    "| gap (measured verify) |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def run_to_run_table(run_dirs: Sequence[str | os.PathLike]) -> str:
+    """One markdown row per eval run (a folder holding `metrics.json`), from what it recorded:
+    where "Predicted (measured verify)" parts from the measured speed, run by run.
+
+    Columns: verify/step; T(1) and one speculative iteration (ms, the decode loops' own slopes,
+    `cost_curve.loop_costs`); set-up share (the target's encoder and cache set-up summed over the
+    run's calls, `time_budget.measure_setup_ms`, over the measured baseline wall time); the
+    measured speed-up; the decode-loop speed-up (both measured wall times minus each side's
+    modelled set-up); the ladder's rungs (`time_budget.time_budget`): Theorem 3.8 with the
+    measured verify cost (Eq. 1 at α, model calls only: the tables' "Predicted (measured
+    verify)"), the same at the counted iterations, and the full composition ("Predicted
+    (measured costs)"); and "Predicted (measured verify)" over the measured speed, minus 1.
+
+    Raises:
+      FileNotFoundError: a folder without metrics.json.
+      ValueError: a run without `time_budget` (run with `measure_time_budget=False`).
+    """
+    rows = []
+    for d in map(pathlib.Path, run_dirs):
+        m = json.loads((d / "metrics.json").read_text())
+        if "time_budget" not in m:
+            raise ValueError(
+                f"{d / 'metrics.json'} has no 'time_budget': the run was made with "
+                "measure_time_budget=False; re-run it with the default (True)."
+            )
+        tb, costs = m["time_budget"], m["step_costs"]
+        base_ms, spec_ms = m["baseline_seconds"] * 1e3, m["speculative_seconds"] * 1e3
+        setup_t = tb["baseline"]["setup_target"]
+        setup_d = tb["speculative"].get("setup_draft", 0.0)
+        decode_loop = (base_ms - setup_t) / (spec_ms - setup_t - setup_d)
+        eq1 = tb["ladder"]["model calls, iterations from Eq. 1 at α"]
+        counted = tb["ladder"]["model calls, counted iterations"]
+        speed = m["speedup"]
+        rows.append(
+            f"| {d.parent.name}/{d.name} | {m['temperature']:g} | {m['verify_cost_ratio']:.2f} "
+            f"| {costs['target_step_ms']:.3f} ms | {costs['iteration_ms']:.3f} ms "
+            f"| {setup_t / base_ms:.0%} | {speed:.3f}X | {decode_loop:.3f}X | {eq1:.3f}X "
+            f"| {counted:.3f}X | {m['predicted_speedup_measured_costs']:.3f}X "
+            f"| {eq1 / speed - 1:+.1%} |"
+        )
+    return "\n".join([RUN_TO_RUN_HEADER, *rows])
 
 
 def write_eval_outputs(out_dir, metrics, runs, gammas, gamma, examples, vocabulary, eos_id):

@@ -545,3 +545,27 @@ def test_provenance_footer_names_each_commits_rows(tmp_path):
     assert "- sum_t0, sum_t1: commit `bbb`, 2026-01-02 to 2026-01-03; cpu of sum_t0." in footer
     with pytest.raises(ValueError, match="at least one"):
         reports.provenance_footer([])
+
+
+def test_run_to_run_table_reads_each_runs_own_record(tmp_path):
+    run = pathlib.Path(__file__).resolve().parents[1] / "results/table3/embedded_sum_model_t0"
+    m = json.loads((run / "metrics.json").read_text())
+    tb = m["time_budget"]
+    base, spec = m["baseline_seconds"] * 1e3, m["speculative_seconds"] * 1e3
+    setup_t, setup_d = tb["baseline"]["setup_target"], tb["speculative"]["setup_draft"]
+    eq1 = tb["ladder"]["model calls, iterations from Eq. 1 at α"]
+    header, rule, row = reports.run_to_run_table([run]).splitlines()
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == len(header.strip("|").split("|")) == 12
+    assert cells[0] == "table3/embedded_sum_model_t0"
+    assert cells[5] == f"{setup_t / base:.0%}"
+    assert cells[7] == f"{(base - setup_t) / (spec - setup_t - setup_d):.3f}X"
+    assert cells[8] == f"{eq1:.3f}X" == f"{m['predicted_speedup_measured_verify']:.3f}X"
+    assert cells[11] == f"{eq1 / m['speedup'] - 1:+.1%}"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "metrics.json").write_text(
+        json.dumps({k: v for k, v in m.items() if k != "time_budget"})
+    )
+    with pytest.raises(ValueError, match="measure_time_budget=False"):
+        reports.run_to_run_table([bare])
