@@ -16,7 +16,10 @@ import shlex
 import sys
 import tempfile
 
-from specdec_t5x import eval_inputs, gin_utils, hf_compare, provenance, reports
+from specdec_t5x import gin_utils, provenance
+from specdec_t5x import inputs as inputs_lib
+from specdec_t5x.bench import vs_hf as vs_hf_lib
+from specdec_t5x.eval import summary
 
 
 def main(argv=None) -> pathlib.Path:
@@ -34,11 +37,11 @@ def main(argv=None) -> pathlib.Path:
     # HF's assisted generation runs the draft's full logits layer: so do we here (no shortlist).
     gin_utils.parse(args.gin_file, ["DRAFT_SHORTLIST = None", *args.gin, what], finalize=False)
     spec_model, target_params, task, gamma = gin_utils.build()
-    examples, _ = eval_inputs.load_examples(
+    examples, _ = inputs_lib.load_examples(
         task, args.split, args.num_examples, args.input_len, args.target_len
     )
     with tempfile.TemporaryDirectory() as work_dir:
-        result = hf_compare.compare_with_hf(
+        result = vs_hf_lib.compare_with_hf(
             spec_model,
             target_params,
             [ex["inputs"] for ex in examples],
@@ -52,7 +55,7 @@ def main(argv=None) -> pathlib.Path:
         ["python", "scripts/bench_vs_hf.py", *(sys.argv[1:] if argv is None else argv)]
     )
     path = provenance.write_results(
-        result, args.out_dir, name, command, reports.hf_comparison_table
+        result, args.out_dir, name, command, summary.hf_comparison_table
     )
     path.with_suffix(".gin").write_text(gin_utils.operative_config())
     print(path.with_suffix(".md").read_text())

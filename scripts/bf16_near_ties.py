@@ -18,16 +18,17 @@ import sys
 
 import gin
 
-from specdec_t5x import eval_checks, eval_inputs, gin_utils, provenance
+from specdec_t5x import gin_utils, inputs, provenance
+from specdec_t5x.eval import checks
 
 
 def run_setting(gin_files, bindings, examples, input_len, target_len):
-    """`eval_checks.greedy_flip_report` of `examples` for one numerics setting (gin bindings)."""
+    """`checks.greedy_flip_report` of `examples` for one numerics setting (gin bindings)."""
     gin.clear_config()
     what = "gin_utils.build.obj = (%SPEC_MODEL, %TARGET_PARAMS, %GAMMA)"
     gin_utils.parse(gin_files, [*bindings, what], finalize=False)
     spec_model, target_params, gamma = gin_utils.build()
-    report = eval_checks.greedy_flip_report(
+    report = checks.greedy_flip_report(
         spec_model, target_params, gamma, examples, input_len, target_len
     )
     return {"bindings": list(bindings), **report}
@@ -49,7 +50,7 @@ def main(argv=None):
     ]
     gin_utils.parse(args.gin_file, ["gin_utils.build.obj = %TASK"], finalize=False)
     task = gin_utils.build()
-    examples, _ = eval_inputs.load_examples(
+    examples, _ = inputs.load_examples(
         task, args.split, args.num_examples, args.input_len, args.target_len
     )
     settings = {"bf16 (T5X numerics)": bf16, "bf16 + float32_final_logits": bf16 + f32_logits}
@@ -63,7 +64,7 @@ def main(argv=None):
         ["python", "scripts/bf16_near_ties.py", *(sys.argv[1:] if argv is None else argv)]
     )
     path = provenance.write_results(
-        result, args.out_dir, "bf16_near_ties", command, eval_checks.flip_table
+        result, args.out_dir, "bf16_near_ties", command, checks.flip_table
     )
     print(path.with_suffix(".md").read_text())
 

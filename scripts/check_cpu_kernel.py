@@ -7,7 +7,7 @@ Decodes the first N examples of the `ddtp_ende` test split with the shipped embe
 (`SPECDEC_CPU_KERNEL=0`, XLA's jnp.dot), and speculatively (shipped T5 draft, γ = 5) with the
 kernel on; counts identical token sequences against the kernel-off baseline and lists the examples
 that differ (first differing position). Batch 1, input/target length 64, as the eval job
-(`eval_checks.kernel_greedy_identity`).
+(`checks.kernel_greedy_identity`).
 """
 
 import argparse
@@ -16,7 +16,8 @@ import pathlib
 import shlex
 import sys
 
-from specdec_t5x import cpu_kernel, eval_checks, eval_inputs, gin_utils, provenance
+from specdec_t5x import cpu_kernel, gin_utils, inputs, provenance
+from specdec_t5x.eval import checks
 
 
 def main(argv=None) -> dict:
@@ -28,8 +29,8 @@ def main(argv=None) -> dict:
     what = "gin_utils.build.obj = (%SPEC_MODEL, %TARGET_PARAMS, %TASK)"
     gin_utils.parse(["gin/experiments/embedded_ende_model_t0.gin"], [what], finalize=False)
     spec_model, raw_params, task = gin_utils.build()
-    examples, _ = eval_inputs.load_examples(task, "test", args.num_examples, 64, 64)
-    result = eval_checks.kernel_greedy_identity(spec_model, raw_params, examples, args.gamma)
+    examples, _ = inputs.load_examples(task, "test", args.num_examples, 64, 64)
+    result = checks.kernel_greedy_identity(spec_model, raw_params, examples, args.gamma)
     result.update(
         reference="xla (SPECDEC_CPU_KERNEL=0, baseline greedy)",
         gamma=args.gamma,

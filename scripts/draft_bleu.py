@@ -14,7 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import decoding, drafts, eval_inputs, metrics, models, provenance, reports, vocab
+from specdec_t5x import decoding, drafts, metrics, models, provenance, vocab
+from specdec_t5x import inputs as inputs_lib
+from specdec_t5x.eval import summary
 
 
 def _greedy_fn(draft):
@@ -39,9 +41,7 @@ def main() -> None:
     parser.add_argument("--out", default="results/training/ngram_drafts_bleu.json")
     args = parser.parse_args()
     vocabulary = vocab.get_vocabulary()
-    examples, _ = eval_inputs.load_examples(
-        args.task, "test", args.num_examples, 64, 64, vocabulary
-    )
+    examples, _ = inputs_lib.load_examples(args.task, "test", args.num_examples, 64, 64, vocabulary)
     references = [e["targets_pretokenized"] for e in examples]
     result = {"task": args.task, "split": "test", "num_examples": len(examples), "bleu": {}}
     for name in args.drafts.split(","):
@@ -54,7 +54,7 @@ def main() -> None:
             for i, e in enumerate(rows):
                 enc[i, : len(e["inputs"])] = e["inputs"]
             out = np.asarray(greedy(draft.params, jnp.asarray(enc))[:, -1])
-            predictions += [reports.decode_text(vocabulary, t, 1) for t in out[: len(rows)]]
+            predictions += [summary.decode_text(vocabulary, t, 1) for t in out[: len(rows)]]
         result["bleu"][name] = metrics.bleu(references, predictions)["bleu"]
         result.setdefault("first_predictions", {})[name] = predictions[:3]
     result.update(

@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import cpu_kernel, eval_inputs, gin_utils, models, provenance, steps
+from specdec_t5x import cpu_kernel, gin_utils, models, provenance, steps
+from specdec_t5x import inputs as inputs_lib
 
 TASKS = {  # name: (seqio task, target gin, draft gin, enc_len, max_decode_len, γ, temperatures)
     "ende": ("ddtp_ende", "embedded_ende_target", "embedded_ende_draft", 64, 64, 2, (0.0,)),
@@ -88,10 +89,10 @@ def _measure(
             model, params = _build(target_gin, draft_gin)
         built[variant] = (model, params, model.draft.params)
     base = models.EncoderDecoderModel(model.module, model.input_vocabulary, model.output_vocabulary)
-    examples, _ = eval_inputs.load_examples(task, "validation", num_examples, enc_len, max_len)
+    examples, _ = inputs_lib.load_examples(task, "validation", num_examples, enc_len, max_len)
     batches = [
         {
-            "encoder_input_tokens": jnp.asarray(eval_inputs.pad_rows([e["inputs"]], enc_len)),
+            "encoder_input_tokens": jnp.asarray(inputs_lib.pad_rows([e["inputs"]], enc_len)),
             "decoder_input_tokens": jnp.zeros((1, max_len), jnp.int32),
         }
         for e in examples

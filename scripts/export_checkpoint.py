@@ -13,7 +13,8 @@ import argparse
 
 import jax.numpy as jnp
 
-from specdec_t5x import drafts, train
+from specdec_t5x import drafts
+from specdec_t5x.training import checkpoints as train_checkpoints
 
 
 def main(argv=None) -> None:
@@ -29,7 +30,7 @@ def main(argv=None) -> None:
     )
     args = parser.parse_args(argv)
     exclude = tuple(drafts.TARGET_ENCODER_SUBTREES) if args.draft_only else ()
-    path, step = train.export_checkpoint(
+    path, step = train_checkpoints.export_checkpoint(
         args.run_dir, args.out, step=args.step, export_dtype=jnp.dtype(args.dtype), exclude=exclude
     )
     print(f"exported step {step} of {args.run_dir} to {path}")

@@ -12,7 +12,7 @@ import pathlib
 import numpy as np
 import seqio
 
-from specdec_t5x import drafts, provenance, tasks, vocab  # noqa: F401  (tasks registers)
+from specdec_t5x import drafts, provenance, vocab
 
 
 def main() -> None:

@@ -18,8 +18,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import gin  # noqa: E402
 
-from specdec_t5x import embedded, eval_inputs, gamma_table, gin_utils  # noqa: E402
-from specdec_t5x import eval as eval_main  # noqa: E402
+from specdec_t5x import embedded, gin_utils
+from specdec_t5x import inputs as inputs_lib
+from specdec_t5x.bench import gamma_compare
+from specdec_t5x.eval import cli as eval_main
 
 DEFAULT_EXPERIMENTS = [
     "gin/experiments/embedded_ende_model_t0.gin",
@@ -49,7 +51,7 @@ def main(argv):
             target_params = gin_utils.build()
         query = lambda name: gin.query_parameter(f"%{name}")  # noqa: E731
         settings = {k.lower(): query(k) for k in ("TEMPERATURE", "TOPK", "TOPP")}
-        examples, _ = eval_inputs.load_examples(
+        examples, _ = inputs_lib.load_examples(
             query("TASK"),
             query("SPLIT"),
             num_examples,
@@ -59,7 +61,7 @@ def main(argv):
         )
         results[
             f"{os.path.basename(experiment)} ({query('TASK')}, T={settings['temperature']:g})"
-        ] = gamma_table.compare(
+        ] = gamma_compare.compare(
             spec_model,
             target_params,
             [e["inputs"] for e in examples],
@@ -71,7 +73,7 @@ def main(argv):
             exit_threshold=float(opts.get("exit_threshold", 0.5)),
         )
     command = "python scripts/gamma_control_table.py " + " ".join(argv)
-    print(gamma_table.write(opts.get("out", "results/gamma_control"), results, command))
+    print(gamma_compare.write(opts.get("out", "results/gamma_control"), results, command))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from specdec_t5x import accelerator_bench, embedded, widen
+from specdec_t5x import embedded, widen
+from specdec_t5x.bench import accelerator
 
 _FIELDS = (
     "emb_dim",
@@ -27,7 +28,7 @@ _FIELDS = (
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--name", required=True, choices=sorted(accelerator_bench.EMBEDDED))
+    parser.add_argument("--name", required=True, choices=sorted(accelerator.EMBEDDED))
     parser.add_argument(
         "--params_path", default=None, help="load these weights instead of the shipped"
     )
@@ -35,7 +36,7 @@ def main(argv=None) -> None:
     for field in _FIELDS:
         parser.add_argument(f"--{field}", type=int, default=None, help="new value (default: kept)")
     args = parser.parse_args(argv)
-    config = accelerator_bench.EMBEDDED[args.name]
+    config = accelerator.EMBEDDED[args.name]
     changes = {f: getattr(args, f) for f in _FIELDS if getattr(args, f) is not None}
     new_config = widen.widen_config(config, dataclasses.replace(config, **changes))
     if args.params_path:

@@ -17,8 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import accelerator_bench, drafts, embedded, network, shared_encoder, steps, vocab
+from specdec_t5x import drafts, embedded, network, steps, vocab
+from specdec_t5x.bench import accelerator
 from specdec_t5x.data import packing
+from specdec_t5x.training import shared_encoder
 
 TASKS = {  # corpus, fields, task prefix, shipped target / draft, lengths
     "ende": ("ddtp_ende", "en", "de", "translate English to German: ", "embedded_ende", 64, 64),
@@ -45,8 +47,8 @@ def main(argv=None) -> None:
     parser.add_argument("--num_check", type=int, default=200, help="validation pairs to check")
     args = parser.parse_args(argv)
     corpus, src, tgt, prefix, name, input_len, target_len = TASKS[args.task]
-    tcfg = accelerator_bench.EMBEDDED["embedded_ende_target"]
-    dcfg = accelerator_bench.EMBEDDED["embedded_ende_draft"]
+    tcfg = accelerator.EMBEDDED["embedded_ende_target"]
+    dcfg = accelerator.EMBEDDED["embedded_ende_draft"]
     target, draft = network.Transformer(tcfg), network.Transformer(dcfg)
     te_draft = network.TargetEncoderTransformer(dcfg, encoder_config=tcfg)
     tp = embedded.load_params(name=f"{name}_target")

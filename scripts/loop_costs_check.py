@@ -2,7 +2,7 @@
 
   python scripts/loop_costs_check.py --sources 4 --repeats 3   # -> results/verify_cost/loop_costs_check.{json,md}
 
-Runs `cost_curve.loop_costs` (the real baseline loop, the real speculative loop and that loop with
+Runs `loops.loop_costs` (the real baseline loop, the real speculative loop and that loop with
 a zero-cost draft, each timed by its slope between two lengths, decoding to the real EOS) on each of
 the experiment's first `--sources` test inputs alone, then on all of them pooled, `--repeats` times
 in turn. Reports T(1), the verify call (the zero-cost-draft loop's reading, `verify_only_ms`, before
@@ -10,7 +10,7 @@ the cap at the iteration), one iteration, and their ratios. What it shows on the
 22): T(1) of the same loop moves by tens of percent between sources and between passes minutes
 apart, and with a near-free draft (unigram) the zero-cost-draft loop reads more per iteration than
 the real loop with the draft in it. This is why the eval job prices its steps from its own calls
-(`cost_curve.run_costs`).
+(`loops.run_costs`).
 
 Writes command, commit, hardware, date and load with the table. `--pause_pid_file` SIGSTOPs a
 background job (e.g. training) while timing.
@@ -21,7 +21,9 @@ import pathlib
 import shlex
 import sys
 
-from specdec_t5x import benchmark, cost_curve, eval_inputs, gin_utils, provenance
+from specdec_t5x import gin_utils, provenance
+from specdec_t5x import inputs as inputs_lib
+from specdec_t5x.timing import clock, loops
 
 KEYS = ("target_step_ms", "verify_only_ms", "iteration_ms")
 
@@ -31,15 +33,15 @@ def measure(gin_file: str, gamma: int, temperature: float, sources: int, repeats
     what = "gin_utils.build.obj = (%SPEC_MODEL, %TARGET_PARAMS, %TASK)"
     gin_utils.parse([gin_file], [what], finalize=False)
     spec_model, target_params, task = gin_utils.build()
-    examples, _ = eval_inputs.load_examples(
+    examples, _ = inputs_lib.load_examples(
         task, "test", sources, 64, 64, spec_model.output_vocabulary
     )
-    encs = [b["encoder_input_tokens"] for _, b in eval_inputs.example_batches(examples, 1, 64, 64)]
+    encs = [b["encoder_input_tokens"] for _, b in inputs_lib.example_batches(examples, 1, 64, 64)]
     settings = {"temperature": temperature, "topk": 0, "topp": 0.0}
     rows = []
     for p in range(repeats):
         for name, chosen in [*((str(i), [e]) for i, e in enumerate(encs)), ("pooled", encs)]:
-            costs = cost_curve.loop_costs(
+            costs = loops.loop_costs(
                 spec_model,
                 target_params,
                 spec_model.draft.params,
@@ -66,7 +68,7 @@ def measure(gin_file: str, gamma: int, temperature: float, sources: int, repeats
 
 def table(result: dict) -> str:
     lines = [
-        "# The decode loops' step costs, source by source and pass by pass (`cost_curve.loop_costs`)",
+        "# The decode loops' step costs, source by source and pass by pass (`loops.loop_costs`)",
         "",
         "| pass | source | T(1) ms | verify call ms (zero-cost draft) | iteration ms (real draft) "
         "| verify / T(1) (capped) | verify > iteration | units (baseline, speculative, verify-only) |",
@@ -108,7 +110,7 @@ def main(argv=None) -> pathlib.Path:
             f"need --sources, --repeats and --rounds >= 1; got {args.sources}, {args.repeats}, "
             f"{args.rounds}."
         )
-    with benchmark.paused(args.pause_pid_file):
+    with clock.paused(args.pause_pid_file):
         rows = measure(
             args.gin_file, args.gamma, args.temperature, args.sources, args.repeats, args.rounds
         )

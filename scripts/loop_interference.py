@@ -4,7 +4,7 @@
 
 Part 1 (En→De, the shipped pair, draft without shortlist): the real `speculative_sample` loop,
 set-up excluded (caches built once, outside the timed call), run with each model real (R) or
-replaced by a zero-cost constant-logits step (F, `time_budget._constant_step`):
+replaced by a zero-cost constant-logits step (F, `clock._constant_step`):
 
 * RR both real; RF real target, free draft; FR free target, real draft; FF both free (loop work);
 * SR / SF: a free target that instead sums a 24 MiB float32 buffer every call (a memory sweep the
@@ -29,17 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import (
-    decoding,
-    drafts,
-    eval_inputs,
-    gin_utils,
-    models,
-    provenance,
-    speculative,
-    steps,
-    time_budget,
-)
+from specdec_t5x import decoding, drafts, gin_utils, models, provenance, speculative, steps
+from specdec_t5x import inputs as inputs_lib
+from specdec_t5x.timing import clock
 
 TASKS = {
     "ddtp_ende": ("models/embedded_ende_target.gin", "models/embedded_ende_draft.gin", 64),
@@ -77,7 +69,7 @@ def run(task: str, examples: int, rounds: int, gamma: int, sizes, decompose: boo
     draft = model.draft
     inputs = jnp.zeros((1, 64), jnp.int32)
     vocab, eos = model.module.config.vocab_size, model.eos_id
-    free, free_cache = time_budget._constant_step(vocab, eos), jnp.zeros((), jnp.float32)
+    free, free_cache = clock._constant_step(vocab, eos), jnp.zeros((), jnp.float32)
     row = jax.random.normal(jax.random.PRNGKey(0), (vocab,)).at[eos].set(-1e9)
     sweep_buffer = jnp.asarray(np.random.default_rng(0).random(SWEEP_MIB * 2**18, np.float32))
     asset = "ngram_ende" if task == "ddtp_ende" else "ngram_sum"
@@ -126,10 +118,10 @@ def run(task: str, examples: int, rounds: int, gamma: int, sizes, decompose: boo
     for s in shortlisted:
         variants[f"shortlist {s}"] = variants["RR"]
 
-    exs, _ = eval_inputs.load_examples(task, "validation", examples, enc_len, 64)
+    exs, _ = inputs_lib.load_examples(task, "validation", examples, enc_len, 64)
     ms, counts = {}, {}
     for e in exs:
-        enc = jnp.asarray(eval_inputs.pad_rows([e["inputs"]], enc_len))
+        enc = jnp.asarray(inputs_lib.pad_rows([e["inputs"]], enc_len))
         (tc, _), (dc, _) = model.states(params, draft.params, enc, 64)
         caches = {"R": tc, "F": free_cache, "S": sweep_buffer}
         draft_caches = {"R": dc, "F": free_cache}

@@ -14,7 +14,9 @@ import sys
 
 import gin
 
-from specdec_t5x import benchmark, gin_utils, provenance, reports
+from specdec_t5x import gin_utils, provenance
+from specdec_t5x.bench import random_pair
+from specdec_t5x.eval import summary
 
 
 def build_config(model: str, dtype: str, bindings: list[str]):
@@ -52,7 +54,7 @@ def main(argv=None) -> pathlib.Path:
 
     target_config, target_gin = build_config(args.target, args.dtype, args.gin)
     draft_config, draft_gin = build_config(args.draft, args.dtype, args.gin)
-    result = benchmark.measure_step_costs(
+    result = random_pair.measure_step_costs(
         target_config,
         draft_config,
         batch=args.batch,
@@ -67,7 +69,7 @@ def main(argv=None) -> pathlib.Path:
     command = shlex.join(
         ["python", "scripts/measure_c.py", *(sys.argv[1:] if argv is None else argv)]
     )
-    path = provenance.write_results(result, args.out_dir, name, command, reports.step_cost_table)
+    path = provenance.write_results(result, args.out_dir, name, command, summary.step_cost_table)
     path.with_suffix(".target.gin").write_text(target_gin)
     path.with_suffix(".draft.gin").write_text(draft_gin)
     print(path.with_suffix(".md").read_text())

@@ -9,7 +9,7 @@ All logic, options and outputs: `specdec_t5x/verify_cost.py` (`python scripts/pr
 Findings: results/verify_cost/README.md.
 """
 
-from specdec_t5x import verify_cost
+from specdec_t5x.bench import verify_cost
 
 if __name__ == "__main__":
     verify_cost.main()

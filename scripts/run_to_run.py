@@ -1,5 +1,5 @@
 """Run-to-run spread of eval runs of one setting: where "Predicted (measured verify)" parts from the
-measured speed, run by run (`reports.run_to_run_table`; nothing is timed here).
+measured speed, run by run (`summary.run_to_run_table`; nothing is timed here).
 
   python scripts/run_to_run.py RESULTS_DIR [RESULTS_DIR ...] [--out table.md]
 
@@ -9,7 +9,7 @@ Each RESULTS_DIR is an eval output folder holding metrics.json (`python -m specd
 import argparse
 import pathlib
 
-from specdec_t5x import reports
+from specdec_t5x.eval import summary
 
 
 def main() -> None:
@@ -20,8 +20,8 @@ def main() -> None:
     missing = [str(d) for d in args.dirs if not (d / "metrics.json").is_file()]
     if missing:
         raise SystemExit(f"no metrics.json in {missing}")
-    footer = reports.provenance_footer([d / "metrics.json" for d in args.dirs])
-    text = reports.run_to_run_table(args.dirs) + "\n\n" + footer + "\n"
+    footer = summary.provenance_footer([d / "metrics.json" for d in args.dirs])
+    text = summary.run_to_run_table(args.dirs) + "\n\n" + footer + "\n"
     print(text)
     if args.out:
         pathlib.Path(args.out).write_text(text)

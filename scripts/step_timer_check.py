@@ -2,9 +2,9 @@
 
   python scripts/step_timer_check.py --rounds 40   # -> results/verify_cost/step_timer.{json,md}
 
-`benchmark.time_decoder_steps` (c and verify/step in every eval job) times 8 steps of one model
-inside one jitted `fori_loop` call and divides by 8. Here the same harness (`benchmark.looped_steps`,
-caches built once, target / draft / verify calls interleaved by `benchmark.time_interleaved`) runs
+`step_timer.time_decoder_steps` (c and verify/step in every eval job) times 8 steps of one model
+inside one jitted `fori_loop` call and divides by 8. Here the same harness (`clock.looped_steps`,
+caches built once, target / draft / verify calls interleaved by `clock.time_interleaved`) runs
 each step at two loop lengths, and the difference of the two call times, divided by the difference
 of the lengths, is the marginal cost of one step inside a loop: what a call costs beyond its steps
 (dispatch of the parameters, the donated cache, waking the intra-op threads) drops out. Uses the
@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, eval_inputs, gin_utils, models, provenance, steps
+from specdec_t5x import gin_utils, inputs, models, provenance, steps
+from specdec_t5x.timing import clock, step_timer
 
 
 def measure(
@@ -35,10 +36,10 @@ def measure(
     what = "gin_utils.build.obj = (%SPEC_MODEL, %TARGET_PARAMS, %TASK)"
     gin_utils.parse([gin_file], [what], finalize=False)
     spec_model, target_params, task = gin_utils.build()
-    examples, _ = eval_inputs.load_examples(
+    examples, _ = inputs.load_examples(
         task, "test", 1, input_len, target_len, spec_model.output_vocabulary
     )
-    batch = eval_inputs.example_batches(examples, 1, input_len, target_len)[0][1]
+    batch = inputs.example_batches(examples, 1, input_len, target_len)[0][1]
     enc = batch["encoder_input_tokens"]
     module, draft = spec_model.module, spec_model.draft
     target_params = models.pack_params(module, target_params)
@@ -58,7 +59,7 @@ def measure(
     def draft_step(p, e, tokens, pos, cache):
         return draft.make_step(p, e)(tokens, pos, cache)
 
-    target_step = benchmark.decoder_step(module)
+    target_step = step_timer.decoder_step(module)
     pos = jnp.full((1,), 8, jnp.int32)
     one, block = jnp.full((1, 1), 5, jnp.int32), jnp.full((1, gamma + 1), 5, jnp.int32)
     setups = {
@@ -69,7 +70,7 @@ def measure(
     calls, caches = {}, {}
     for name, (step, args, tokens, cache) in setups.items():
         for n in (short, long):
-            fn, key = benchmark.looped_steps(step, n), (name, n)
+            fn, key = clock.looped_steps(step, n), (name, n)
             caches[key] = jax.tree_util.tree_map(jnp.copy, cache)
 
             def run(fn=fn, args=args, tokens=tokens, key=key):
@@ -77,7 +78,7 @@ def measure(
                 return total
 
             calls[key] = run
-    samples = benchmark.time_interleaved(calls, rounds, warmup=2)
+    samples = clock.time_interleaved(calls, rounds, warmup=2)
     out = {}
     for name in setups:
         a, b = np.asarray(samples[(name, short)]), np.asarray(samples[(name, long)])
@@ -140,7 +141,7 @@ def main(argv=None) -> pathlib.Path:
     args = parser.parse_args(argv)
     if not 1 <= args.short < args.long:
         raise ValueError(f"need 1 <= --short < --long; got {args.short}, {args.long}.")
-    with benchmark.paused(args.pause_pid_file):
+    with clock.paused(args.pause_pid_file):
         result = measure(args.gin_file, args.gamma, args.short, args.long, args.rounds)
     result = {
         "steps": result,

@@ -36,7 +36,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, models, network, provenance, steps, theory, train
+from specdec_t5x import models, network, provenance, steps, theory
+from specdec_t5x.bench import random_pair
+from specdec_t5x.timing import clock, step_timer
+from specdec_t5x.training import train
 
 SHAPES = {
     "shipped (d 256, 4+4)": dict(
@@ -88,20 +91,20 @@ class _Model:
 
     def __init__(self, cfg, seed: int, weight_dtype: str, enc, max_len: int):
         module = network.Transformer(cfg)
-        raw = benchmark.random_params(module, seed)
-        self.num_params = benchmark.count_params(raw)
+        raw = random_pair.random_params(module, seed)
+        self.num_params = random_pair.count_params(raw)
         self.params = steps.pack_params(module, raw, weight_dtype)
         self.enc = enc
         self.setup = jax.jit(lambda p, e: steps.prepare_cache(module, p, e, max_len))
         self.cache = self.setup(self.params, enc)
-        self.step = jax.jit(benchmark.decoder_step(module))
+        self.step = jax.jit(step_timer.decoder_step(module))
 
 
 def pair_costs_once(target: _Model, draft: _Model, repeats: int) -> dict:
     """One measurement of a (target, draft) pair as the eval job measures it: only these two
-    models, in-loop steps interleaved (`benchmark.time_decoder_steps`: T(1), the draft's step,
-    T(k) for k = 2..8), then both set-ups interleaved with T(1) (`benchmark.time_interleaved`)."""
-    costs = benchmark.time_decoder_steps(
+    models, in-loop steps interleaved (`step_timer.time_decoder_steps`: T(1), the draft's step,
+    T(k) for k = 2..8), then both set-ups interleaved with T(1) (`clock.time_interleaved`)."""
+    costs = step_timer.time_decoder_steps(
         target.step,
         (target.params, target.enc),
         target.cache,
@@ -114,7 +117,7 @@ def pair_costs_once(target: _Model, draft: _Model, repeats: int) -> dict:
         repeats=repeats,
         block_sizes=tuple(g + 1 for g in GAMMAS),
     )
-    t1 = benchmark.looped_steps(target.step, STEPS_PER_CALL)
+    t1 = clock.looped_steps(target.step, STEPS_PER_CALL)
     pos, one = jnp.full((1,), 16, jnp.int32), jnp.full((1, 1), 5, jnp.int32)
     cache = [jax.tree_util.tree_map(jnp.copy, target.cache)]
 
@@ -122,7 +125,7 @@ def pair_costs_once(target: _Model, draft: _Model, repeats: int) -> dict:
         total, cache[0] = t1((target.params, target.enc), one, pos, cache[0])
         return total
 
-    setups = benchmark.time_interleaved(
+    setups = clock.time_interleaved(
         {
             "t1": step,
             "target": lambda: target.setup(target.params, target.enc),
@@ -138,8 +141,8 @@ def pair_costs_once(target: _Model, draft: _Model, repeats: int) -> dict:
         "verify": {g: costs["block_step_ms"][g + 1] / costs["target_step_ms"] for g in GAMMAS},
         "target_setup_ms": statistics.median(setups["target"]),
         "draft_setup_ms": statistics.median(setups["draft"]),
-        "target_setup_steps": benchmark.paired_ratio(setups["target"], per_step),
-        "draft_setup_steps": benchmark.paired_ratio(setups["draft"], per_step),
+        "target_setup_steps": clock.paired_ratio(setups["target"], per_step),
+        "draft_setup_steps": clock.paired_ratio(setups["draft"], per_step),
     }
 
 
@@ -179,7 +182,7 @@ def train_step_seconds(shapes: dict, batch: int, length: int, repeats: int) -> d
         module = network.Transformer(cfg)
         model = models.EncoderDecoderModel(module, None, None)
         opt = train.make_optimizer("adafactor", 1e-3, 10, 100)
-        params = benchmark.random_params(module, 0)
+        params = random_pair.random_params(module, 0)
         state = [train.TrainState(jnp.int32(0), params, opt.init(params))]
         step = train.make_train_step(model, opt, dropout=False)
 
@@ -188,7 +191,7 @@ def train_step_seconds(shapes: dict, batch: int, length: int, repeats: int) -> d
             return metrics
 
         calls[name] = run
-    samples = benchmark.time_interleaved(calls, repeats, warmup=1)
+    samples = clock.time_interleaved(calls, repeats, warmup=1)
     return {name: statistics.median(v) / 1e3 for name, v in samples.items()}
 
 
@@ -311,7 +314,7 @@ def main(argv=None) -> pathlib.Path:
     for name, cfg in targets.items():
         costs = measured[("target", name)]
         shapes[name] = {
-            "config": benchmark.config_dict(cfg),
+            "config": random_pair.config_dict(cfg),
             "target_params": built_targets[name].num_params,
             "costs": costs,
             "predictions": predictions(costs, args.alpha, args.tokens),
@@ -325,7 +328,7 @@ def main(argv=None) -> pathlib.Path:
             else measured[("target", shipped_target)]
         )
         drafts[name] = {
-            "config": benchmark.config_dict(cfg),
+            "config": random_pair.config_dict(cfg),
             "draft_params": built_drafts[name].num_params,
             "costs": costs,
             "predictions": predictions(costs, args.alpha, args.tokens),

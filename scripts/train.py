@@ -18,7 +18,8 @@ import sys
 
 import gin
 
-from specdec_t5x import gin_utils, provenance, train
+from specdec_t5x import gin_utils, provenance
+from specdec_t5x.training import train
 
 
 def main() -> None:

@@ -137,7 +137,7 @@ if [[ $STAGE == report || $STAGE == all ]]; then
     cp $RUNS/$name/environment.json $OUT/${name}_environment.json
     head -n 10 $RUNS/$name/test_predictions.jsonl > $OUT/${name}_test_predictions_first10.jsonl
   done
-  $PY -c "from specdec_t5x import train; train.plot_curves({
+  $PY -c "from specdec_t5x.training import validation; validation.plot_curves({
     'target': '$RUNS/embedded_ende_target', 'draft': '$RUNS/embedded_ende_draft'},
     '$OUT/loss_curves.png')"
   # Cost of one cached decoder step (1 token, batch 1, 64-token source), target vs draft, timed

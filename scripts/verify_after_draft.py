@@ -2,7 +2,7 @@
 
     python scripts/verify_after_draft.py --positions 8,32 --out results/verify_cost
 
-`cost_curve.step_costs` times, in each round and in this order: the one-token target step, the
+`step_timer.step_costs` times, in each round and in this order: the one-token target step, the
 draft step, the γ + 1 = 6-token verify step (so right after the draft), then T(k) for k in
 `block_sizes` (each right after the previous target call). `verify` and `block 6` therefore run
 the same call, once after the draft and once after the target. The gap between them is what the
@@ -16,7 +16,8 @@ import sys
 
 import jax.numpy as jnp
 
-from specdec_t5x import cost_curve, eval_inputs, gin_utils, provenance
+from specdec_t5x import gin_utils, inputs, provenance
+from specdec_t5x.timing import step_timer
 
 SOURCE = "translate English to German: simple command-line image viewer for the X window system"
 
@@ -51,10 +52,10 @@ def main(positions: list[int], out: str) -> None:
     )
     model, params = gin_utils.build()
     tokens = model.output_vocabulary.encode(SOURCE) + [model.eos_id]
-    enc = jnp.asarray(eval_inputs.pad_rows([tokens], 64))
+    enc = jnp.asarray(inputs.pad_rows([tokens], 64))
     rows = []
     for pos in positions:
-        r = cost_curve.step_costs(
+        r = step_timer.step_costs(
             model,
             params,
             model.draft.params,

@@ -5,7 +5,7 @@
 On the shipped embedded target (packed for the CPU kernel), one DDTP test input, batch 1, cache
 length 64, 8 steps per `fori_loop` call, k = 1 and k = 6, interleaved rounds:
 
-1. `job`: the eval job's own measurement (`gamma_control.step_costs`: target, draft and verify
+1. `job`: the eval job's own measurement (`step_timer.step_costs`: target, draft and verify
    steps interleaved, wall clock, ratio of medians), --job_repeats rounds.
 2. Harness variants, same process, median of per-round ratios, --clock: `eval_style` (constant
    tokens, one logit consumed, position 8: `benchmark.time_decoder_steps`), `carry_tokens` (tokens
@@ -30,7 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import cpu_kernel, eval_inputs, gamma_control, gin_utils, provenance, steps
+from specdec_t5x import cpu_kernel, gin_utils, provenance, steps
+from specdec_t5x import inputs as inputs_lib
+from specdec_t5x.timing import step_timer
 
 GIN_FILE = "gin/experiments/embedded_ende_model_t0.gin"
 STEPS = 8
@@ -86,14 +88,14 @@ def main(argv=None):
     module = spec_model.module
     params = steps.pack_params(module, raw)
     del raw
-    examples, _ = eval_inputs.load_examples("ddtp_ende", "test", 1, 64, 64)
+    examples, _ = inputs_lib.load_examples("ddtp_ende", "test", 1, 64, 64)
     enc = np.zeros((1, 64), np.int32)
     enc[0, : len(examples[0]["inputs"])] = examples[0]["inputs"]
     enc = jnp.asarray(enc)
     result = {"clock": args.clock, "rounds": args.rounds, "note": args.note}
 
     # 1. The eval job's own numbers.
-    costs = gamma_control.step_costs(
+    costs = step_timer.step_costs(
         spec_model, params, spec_model.draft.params, enc, 64, 5, repeats=args.job_repeats
     )
     result["job"] = {k: costs[k] for k in ("target_step_ms", "verify_step_ms", "verify_cost_ratio")}
@@ -179,7 +181,7 @@ def main(argv=None):
         *(f"* {line}" for line in provenance.markdown_lines(result)),
         f"* Conditions: {args.note or '-'}; clock {args.clock}; {args.rounds} rounds.",
         "",
-        f"Eval job's own measurement (`gamma_control.step_costs`, wall clock): target step "
+        f"Eval job's own measurement (`step_timer.step_costs`, wall clock): target step "
         f"{job['target_step_ms']:.3f} ms, verify (k = 6) {job['verify_step_ms']:.3f} ms, "
         f"ratio {job['verify_cost_ratio']:.3f}.",
         "",

@@ -5,11 +5,11 @@
 Session 16 left open why `profile_verify.py` (random weights) read the embedded target's
 T(6)/T(1) at 1.08 on the AMD VM while the eval job's step timer on the shipped En→De pair read
 1.19–1.47. Here both factors are crossed in one process, every call interleaved by
-`benchmark.time_interleaved`:
+`clock.time_interleaved`:
 
 * weights: the shipped En→De target (`trained`) and the same module with `module.init`'s weights
   (`random`), both packed for the CPU kernel, caches built from the same DDTP source;
-* harness: `one logit` (what `benchmark.looped_steps` keeps live: `logits[:, -1, 0]`) and
+* harness: `one logit` (what `clock.looped_steps` keeps live: `logits[:, -1, 0]`) and
   `all logits` (the max over every logit, as `profile_verify.py`); tokens depend on the loop carry
   in both, 8 steps per `fori_loop` call, block at decoder position 32;
 * k = 1 and k = 6 tokens per step.
@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, eval_inputs, gin_utils, provenance, steps
+from specdec_t5x import gin_utils, inputs, provenance, steps
+from specdec_t5x.timing import clock, step_timer
 
 SOURCE = "translate English to German: simple command-line image viewer for the X window system"
 HARNESSES = {
@@ -36,7 +37,7 @@ STEPS = 8
 
 
 def _looped(module, reduce):
-    step = benchmark.decoder_step(module)
+    step = step_timer.decoder_step(module)
 
     def run(params, enc, cache, tokens, positions):
         def body(_, carry):
@@ -84,7 +85,7 @@ def main(rounds: int, out: str) -> None:
     model, trained = gin_utils.build()
     module = model.module
     tokens = model.output_vocabulary.encode(SOURCE) + [model.eos_id]
-    enc = jnp.asarray(eval_inputs.pad_rows([tokens], 64))
+    enc = jnp.asarray(inputs.pad_rows([tokens], 64))
     ones = jnp.ones((1, 4), jnp.int32)
     random = module.init(jax.random.PRNGKey(0), ones, ones, ones, enable_dropout=False)["params"]
     pos = jnp.full((1,), 32, jnp.int32)
@@ -99,7 +100,7 @@ def main(rounds: int, out: str) -> None:
                 calls[(weights, harness, k)] = lambda fn=fn, p=params, c=cache, b=block: fn(
                     p, enc, c, b, pos
                 )
-    times = benchmark.time_interleaved(calls, rounds, warmup=2)
+    times = clock.time_interleaved(calls, rounds, warmup=2)
     rows = []
     for weights in ("trained", "random"):
         for harness in HARNESSES:
@@ -111,7 +112,7 @@ def main(rounds: int, out: str) -> None:
                     "harness": harness,
                     "t1_ms": float(np.median(t1)),
                     "t6_ms": float(np.median(t6)),
-                    "ratio": benchmark.paired_ratio(list(t6), list(t1)),
+                    "ratio": clock.paired_ratio(list(t6), list(t1)),
                 }
             )
             print(rows[-1], flush=True)

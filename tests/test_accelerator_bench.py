@@ -10,7 +10,8 @@ import gin
 import numpy as np
 import pytest
 
-from specdec_t5x import accelerator_bench, gin_utils
+from specdec_t5x import gin_utils
+from specdec_t5x.bench import accelerator
 from specdec_t5x.data import export_tokens
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -24,7 +25,7 @@ def test_smoke_runs_without_gin_seqio_tf_and_writes_results(tmp_path):
         f"for name in {BLOCKED!r}:\n"
         "    sys.modules[name] = None  # any import of it raises ImportError\n"
         "from specdec_t5x import accelerator_bench\n"
-        f"accelerator_bench.main(['--out_dir', {str(tmp_path)!r}, '--smoke'])\n"
+        f"accelerator.main(['--out_dir', {str(tmp_path)!r}, '--smoke'])\n"
         f"bad = [m for m in sys.modules if m.split('.')[0] in {BLOCKED!r} and sys.modules[m]]\n"
         "assert not bad, bad\n"
     )
@@ -61,21 +62,21 @@ def test_cost_model_gamma_uses_measured_verify_cost():
     # Flat verify cost: Thm 3.8 exactly (theory.optimal_gamma agrees).
     from specdec_t5x import theory
 
-    assert accelerator_bench.cost_model_gamma(0.8, 0.05, flat) == theory.optimal_gamma(
+    assert accelerator.cost_model_gamma(0.8, 0.05, flat) == theory.optimal_gamma(
         0.8, 0.05, max_gamma=15
     )
     # A verify cost growing with k pushes γ down.
     steep = {1: 1.0, 2: 1.5, 4: 2.5, 8: 4.5, 16: 8.5}
-    assert accelerator_bench.cost_model_gamma(0.8, 0.05, steep) < (
-        accelerator_bench.cost_model_gamma(0.8, 0.05, flat)
+    assert accelerator.cost_model_gamma(0.8, 0.05, steep) < (
+        accelerator.cost_model_gamma(0.8, 0.05, flat)
     )
-    assert accelerator_bench.verify_ratio(steep, 2) == pytest.approx(2.0)  # k = 3
-    assert accelerator_bench.verify_ratio(steep, 20) == pytest.approx(8.5 + 0.5 * 5)
+    assert accelerator.verify_ratio(steep, 2) == pytest.approx(2.0)  # k = 3
+    assert accelerator.verify_ratio(steep, 20) == pytest.approx(8.5 + 0.5 * 5)
     noisy = {1: 1.0, 2: 0.8}  # CPU noise: never extrapolate below the last point
-    assert accelerator_bench.verify_ratio(noisy, 5) == pytest.approx(0.8)
+    assert accelerator.verify_ratio(noisy, 5) == pytest.approx(0.8)
 
 
-@pytest.mark.parametrize("name", sorted(accelerator_bench.EMBEDDED))
+@pytest.mark.parametrize("name", sorted(accelerator.EMBEDDED))
 def test_embedded_configs_match_gin(name):
     gin.clear_config(clear_constants=True)
     try:
@@ -87,7 +88,7 @@ def test_embedded_configs_match_gin(name):
         want = gin_utils.build()
     finally:
         gin.clear_config(clear_constants=True)
-    got = accelerator_bench.EMBEDDED[name]
+    got = accelerator.EMBEDDED[name]
     for field in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim"):
         assert getattr(got, field) == getattr(want, field), field
     assert got.num_encoder_layers == want.num_encoder_layers
@@ -110,6 +111,6 @@ def test_token_file_round_trip_and_errors(tmp_path):
 
 
 def test_shipped_token_file_is_readable():
-    data = export_tokens.read_tokens(accelerator_bench.TOKENS_FILE)
+    data = export_tokens.read_tokens(accelerator.TOKENS_FILE)
     assert data["inputs"].shape[0] >= 32 and data["meta"]["task"] == "ddtp_ende"
     assert data["inputs"].dtype == np.int32 and np.all(data["inputs"][:, 0] > 0)

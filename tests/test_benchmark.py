@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 from conftest import init_params, tiny_config
 
-from specdec_t5x import benchmark, drafts, hf_compare, models, network, reports
+from specdec_t5x import drafts, models, network
+from specdec_t5x.bench import random_pair, vs_hf
+from specdec_t5x.eval import summary
+from specdec_t5x.timing import clock, step_timer
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "measure_c.py"
 
@@ -43,15 +46,15 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
     # Round 2 is slow for both calls: the ratio within each round is 2, 2, 2, 4, 2.
     numerator = [2.0, 4.0, 20.0, 8.0, 2.0]
     denominator = [1.0, 2.0, 10.0, 2.0, 1.0]
-    assert benchmark.paired_ratio(numerator, denominator) == 2.0
+    assert clock.paired_ratio(numerator, denominator) == 2.0
     # Per-round ratios 3, 1, 2 -> 2, where the ratio of the separate medians is 3 / 1.
-    assert benchmark.paired_ratio([3.0, 1.0, 10.0], [1.0, 1.0, 5.0]) == 2.0
+    assert clock.paired_ratio([3.0, 1.0, 10.0], [1.0, 1.0, 5.0]) == 2.0
     with pytest.raises(ValueError, match="equally long"):
-        benchmark.paired_ratio([1.0], [1.0, 2.0])
+        clock.paired_ratio([1.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="equally long"):
-        benchmark.paired_ratio([], [])
+        clock.paired_ratio([], [])
     with pytest.raises(ValueError, match="positive denominators"):
-        benchmark.paired_ratio([1.0, 1.0], [1.0, 0.0])
+        clock.paired_ratio([1.0, 1.0], [1.0, 0.0])
 
 
 def test_time_decoder_steps_slopes_paired_by_round(monkeypatch):
@@ -65,18 +68,18 @@ def test_time_decoder_steps_slopes_paired_by_round(monkeypatch):
         "iteration": [2.9, 8.7, 1.45, 3.1, 5.8],
     }
     fixed = {"target": 0.7, "draft": 0.5, "verify": 0.9, "iteration": 1.3}
-    steps = {"short": 8, "long": 8 * benchmark.LONG_LOOP}
+    steps = {"short": 8, "long": 8 * clock.LONG_LOOP}
 
     def fake_interleaved(calls, repeats, warmup=3, shuffle=False):
         assert set(calls) == {(k, n) for k in per_step for n in steps} and shuffle
         return {(k, n): [fixed[k] + steps[n] * v for v in per_step[k]] for k, n in calls}
 
-    monkeypatch.setattr(benchmark, "time_interleaved", fake_interleaved)
+    monkeypatch.setattr(clock, "time_interleaved", fake_interleaved)
     module = network.Transformer(tiny_config())
     params = init_params(module, 0)
     state = models.EncoderDecoderModel(module).decoder_state(params, np.ones((1, 4), np.int32), 8)
     step = lambda args, tokens, positions, cache: state[1](tokens, positions, cache)  # noqa: E731
-    result = benchmark.time_decoder_steps(
+    result = step_timer.time_decoder_steps(
         step, (), state[0], step, (), state[0], batch=1, position=0, gamma=2, repeats=5
     )
     assert result["c_alone"] == pytest.approx(0.2)
@@ -87,14 +90,14 @@ def test_time_decoder_steps_slopes_paired_by_round(monkeypatch):
     assert result["target_step_ms"] == pytest.approx(1.0)
     assert result["fixed_call_ms"] == pytest.approx(fixed)
     with pytest.raises(ValueError, match="gamma >= 1"):
-        benchmark.time_decoder_steps(
+        step_timer.time_decoder_steps(
             step, (), state[0], step, (), state[0], batch=1, position=0, gamma=0
         )
 
 
 def test_measure_step_costs_rejects_bad_settings():
     with pytest.raises(ValueError, match="max_len >= gamma"):
-        benchmark.measure_step_costs(tiny_config(), tiny_config(), max_len=4, gamma=3)
+        random_pair.measure_step_costs(tiny_config(), tiny_config(), max_len=4, gamma=3)
 
 
 def test_compare_with_hf_on_tiny_models(tmp_path):
@@ -107,22 +110,22 @@ def test_compare_with_hf_on_tiny_models(tmp_path):
     )
     rng = np.random.RandomState(0)
     inputs = [np.append(rng.randint(3, 32, n), 1).astype(np.int32) for n in (5, 3, 6)]
-    result = hf_compare.compare_with_hf(
+    result = vs_hf.compare_with_hf(
         spec_model, init_params(target, 1), inputs, max_decode_len=8, gamma=3, work_dir=tmp_path
     )
     assert result["num_examples"] == 3 and result["num_generated_tokens"] > 3
     # Greedy speculative decoding is exact in both implementations, and they agree.
     assert result["hf_assisted_equals_greedy"] == result["ours_speculative_equals_greedy"] == 3
     assert result["ours_equals_hf"] == 3
-    assert "| HF transformers" in reports.hf_comparison_table(result)
+    assert "| HF transformers" in summary.hf_comparison_table(result)
 
 
 def test_call_order_is_a_seeded_permutation_independent_of_example_parity():
     names = ["baseline", 1, 2, 3, "auto"]
-    orders = [benchmark.call_order(names, i, seed=0) for i in range(2000)]
+    orders = [clock.call_order(names, i, seed=0) for i in range(2000)]
     assert all(sorted(map(str, o)) == sorted(map(str, names)) for o in orders)
-    assert benchmark.call_order(names, 7, seed=0) == orders[7]  # same on every process / rerun
-    assert benchmark.call_order(names, 7, seed=1) != orders[7] or orders[7] != orders[8]
+    assert clock.call_order(names, 7, seed=0) == orders[7]  # same on every process / rerun
+    assert clock.call_order(names, 7, seed=1) != orders[7] or orders[7] != orders[8]
     # Who goes first must not follow the examples' parity (DDTP alternates short and long rows):
     # each name leads ~1/5 of the even examples and ~1/5 of the odd ones.
     for name in names:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from conftest import encoder_inputs
 
-from specdec_t5x import benchmark, cpu_kernel, decoding, embedded, models, network
+from specdec_t5x import cpu_kernel, decoding, embedded, models, network
+from specdec_t5x.timing import step_timer
 
 needs_kernel = pytest.mark.skipif(
     not cpu_kernel.available(),
@@ -486,7 +487,7 @@ def test_packed_decoder_runs_the_fused_attention(tiny_target, monkeypatch):
     def run(fused):
         monkeypatch.setenv(cpu_kernel.ATTENTION_ENV_VAR, "1" if fused else "0")
         cache, _ = model.decoder_state(packed, enc, 6)
-        step = benchmark.decoder_step(module)
+        step = step_timer.decoder_step(module)
         fn = jax.jit(step)
         args = (packed, enc, tokens, jnp.zeros((2,), jnp.int32), cache)
         hlo = fn.lower(*args).as_text()

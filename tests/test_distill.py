@@ -9,8 +9,9 @@ import pytest
 from conftest import init_params, perturbed, tiny_config
 from test_train import DigitVocabulary, copy_pairs
 
-from specdec_t5x import distill, models, network, train
+from specdec_t5x import models, network
 from specdec_t5x.data import packing
+from specdec_t5x.training import distill, train
 
 P = np.array([[0.5, 0.3, 0.2, 0.0 + 1e-9], [0.1, 0.1, 0.1, 0.7]])
 Q = np.array([[0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]])

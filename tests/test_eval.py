@@ -12,17 +12,10 @@ import numpy as np
 import pytest
 from conftest import init_params, perturbed, tiny_config, tiny_spec_pair
 
-from specdec_t5x import (
-    eval_inputs,
-    evaluation,
-    gin_utils,
-    models,
-    network,
-    reports,
-    speculative,
-    theory,
-    vocab,
-)
+from specdec_t5x import gin_utils, models, network, speculative, theory, vocab
+from specdec_t5x import inputs as inputs_lib
+from specdec_t5x.eval import job, summary
+from specdec_t5x.timing import loops
 
 REQUIRED_KEYS = (
     "task split num_examples gamma temperature topk topp draft speedup alpha_counted alpha_beta "
@@ -39,9 +32,9 @@ def tiny_pair():
 
 
 def _evaluate_tiny(tiny_pair, out, **kwargs):
-    """`evaluation.evaluate` of the tiny pair on DDTP En-De, inputs 32 and outputs 12 tokens long."""
+    """`job.evaluate` of the tiny pair on DDTP En-De, inputs 32 and outputs 12 tokens long."""
     spec_model, params = tiny_pair
-    return evaluation.evaluate(
+    return job.evaluate(
         spec_model, params, "ddtp_ende", str(out), input_len=32, target_len=12, **kwargs
     )
 
@@ -110,7 +103,7 @@ def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, 
     )
     if temperature == 0.0 and written["identical_fraction"] == 1.0:
         assert written["predicted_speedup_output_lengths"] == pytest.approx(
-            reports.predicted_at_output_lengths(
+            summary.predicted_at_output_lengths(
                 lengths,
                 lengths,
                 [1] * 3,
@@ -155,9 +148,9 @@ def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path)
     assert len(rows) == 4 and "| auto (" in rows[3] and f"X ({low:.2f}–{high:.2f}) |" in rows[3]
     # An auto headline that never ran speculatively says "off" instead of an α.
     off = {**metrics, **auto, "gamma": "auto", "gamma_chosen": {"0": 2}, "alpha_display": "off"}
-    assert "| auto (off×2) | off |" in reports.table_row(off)
+    assert "| auto (off×2) | off |" in summary.table_row(off)
     with pytest.raises(ValueError, match="'auto'"):
-        evaluation.evaluate(*tiny_pair, "ddtp_ende", str(out), gamma="5", temperature=0.0)
+        job.evaluate(*tiny_pair, "ddtp_ende", str(out), gamma="5", temperature=0.0)
 
 
 @pytest.mark.parametrize(
@@ -177,13 +170,13 @@ def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path)
 )
 def test_bad_gamma_and_counts_are_refused_before_any_work(tiny_pair, tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        evaluation.evaluate(*tiny_pair, "ddtp_ende", str(tmp_path / "out"), **kwargs)
+        job.evaluate(*tiny_pair, "ddtp_ende", str(tmp_path / "out"), **kwargs)
     assert not (tmp_path / "out").exists()  # refused before the output folder is made
 
 
 def test_unknown_task_leaves_no_output_folder(tiny_pair, tmp_path):
     with pytest.raises(ValueError, match=r"'ddtp_endee' \(gin: TASK\); did you mean ddtp_ende"):
-        evaluation.evaluate(*tiny_pair, "ddtp_endee", str(tmp_path / "out"), gamma=1)
+        job.evaluate(*tiny_pair, "ddtp_endee", str(tmp_path / "out"), gamma=1)
     assert not (tmp_path / "out").exists()
 
 
@@ -191,7 +184,7 @@ def test_unknown_task_leaves_no_output_folder(tiny_pair, tmp_path):
 @pytest.mark.parametrize("flag", ["measure_time_budget", "measure_loop_costs"])
 def test_measurement_flags_take_a_bool_only(tiny_pair, tmp_path, flag, value):
     with pytest.raises(ValueError, match=f"{flag} takes True or False"):
-        evaluation.evaluate(*tiny_pair, "ddtp_ende", str(tmp_path), gamma=1, **{flag: value})
+        job.evaluate(*tiny_pair, "ddtp_ende", str(tmp_path), gamma=1, **{flag: value})
 
 
 def test_near_tie_report_names_position_and_gap(tiny_pair):
@@ -199,7 +192,7 @@ def test_near_tie_report_names_position_and_gap(tiny_pair):
     enc = jnp.asarray([5, 6, 7, 1] + [0] * 4, jnp.int32)
     base = jnp.asarray([9, 9, 9, 1, 0, 0], jnp.int32)
     other = base.at[2].set(10)
-    report = reports.near_tie_report(spec_model.module, params, enc, base, other)
+    report = summary.near_tie_report(spec_model.module, params, enc, base, other)
     assert report["position"] == 2 and report["speculative_token"] == 10
     assert report["baseline_token"] == 9
     # Independently: the teacher-forced logits at position 2 (decoder input [0, 9, 9, ...]).
@@ -347,9 +340,9 @@ def test_every_gin_decoding_setting_reaches_the_decoders_or_errors(data_dir, tmp
     of the eval job; bindings the job would override (the samplers' own parameters) and typos are
     errors (`test_gin` checks every sampler parameter is rejected)."""
     costs = {"c": 0.1, "verify_cost_ratio": 1.0}
-    monkeypatch.setattr(evaluation, "measure_step_costs", lambda *args, **kwargs: costs)
+    monkeypatch.setattr(job, "measure_step_costs", lambda *args, **kwargs: costs)
     budget = {"predicted_speedup": 1.0}  # timing is not what this test is about
-    monkeypatch.setattr(evaluation.time_budget, "eval_time_budget", lambda *a, **k: budget)
+    monkeypatch.setattr(job.time_budget, "eval_time_budget", lambda *a, **k: budget)
     greedy, greedy_tokens = _run_eval_job(tmp_path, "greedy", [])
     assert greedy["gamma"] == 1 and len(greedy["accept_histogram"]) == 2  # the experiment's γ
     assert all(b == s for b, s in greedy_tokens)  # argmax mode: speculative == baseline
@@ -402,7 +395,7 @@ def test_eval_job_holds_one_copy_of_each_decoder_projection(data_dir, tmp_path, 
         return sum(x.nbytes for x in jax.live_arrays())
 
     seen = {}
-    measure = evaluation.measure_step_costs
+    measure = loops.measure_step_costs
 
     def spy(spec_model, target_params, draft_params, encoder_input_tokens, *args, **kwargs):
         # Called after every timed decode, while the job holds everything it keeps for the run.
@@ -417,7 +410,7 @@ def test_eval_job_holds_one_copy_of_each_decoder_projection(data_dir, tmp_path, 
             spec_model, target_params, draft_params, encoder_input_tokens, *args, **kwargs
         )
 
-    monkeypatch.setattr(evaluation, "measure_step_costs", spy)
+    monkeypatch.setattr(job, "measure_step_costs", spy)
     out = tmp_path / "job"
     argv = ["--gin_file=gin/experiments/embedded_ende_model_t0.gin"]
     for b in [
@@ -457,7 +450,7 @@ def test_eval_job_holds_one_copy_of_each_decoder_projection(data_dir, tmp_path, 
         base = models.EncoderDecoderModel(model.module)
         want = base.predict_batch(raw, batch, decoder_params={"temperature": 0.0})[0]
     row = json.loads((out / "predictions.jsonl").read_text().splitlines()[0])
-    text = reports.decode_text(model.output_vocabulary, jax.device_get(want), model.eos_id)
+    text = summary.decode_text(model.output_vocabulary, jax.device_get(want), model.eos_id)
     assert row["baseline"] == row["speculative"] == text
     assert metrics["identical_fraction"] == 1.0 and metrics["cpu_weight_dtype"] == "float32"
 
@@ -482,7 +475,7 @@ def test_bfloat16_cpu_weights_report_what_flipped(tiny_pair, data_dir, tmp_path)
         spec_model.module, spec_model.draft, vocabulary, vocabulary, cpu_weight_dtype="bfloat16"
     )
     n, input_len, target_len = 3, 32, 32  # the fixture corpus has 3 sentences
-    metrics = evaluation.evaluate(
+    metrics = job.evaluate(
         bf16_model,
         params,
         "ddtp_ende",
@@ -498,7 +491,7 @@ def test_bfloat16_cpu_weights_report_what_flipped(tiny_pair, data_dir, tmp_path)
     )
     assert metrics["cpu_weight_dtype"] == "bfloat16"
     report = metrics["weight_flips"]
-    examples, _ = eval_inputs.load_examples(
+    examples, _ = inputs_lib.load_examples(
         "ddtp_ende", "test", n, input_len, target_len, vocabulary
     )
     enc = jnp.asarray([jnp.pad(e["inputs"], (0, input_len - len(e["inputs"]))) for e in examples])
@@ -538,13 +531,13 @@ def test_provenance_footer_names_each_commits_rows(tmp_path):
 
     a, b = run("ende_t0", "aaa", "2026-01-01"), run("sum_t0", "bbb", "2026-01-02")
     c = run("sum_t1", "bbb", "2026-01-03")
-    assert reports.provenance_footer([a]) == "Hardware: cpu of ende_t0; commit `aaa`; 2026-01-01."
-    footer = reports.provenance_footer([a, b, c])
+    assert summary.provenance_footer([a]) == "Hardware: cpu of ende_t0; commit `aaa`; 2026-01-01."
+    footer = summary.provenance_footer([a, b, c])
     assert footer.startswith("Rows from more than one run:")
     assert "- ende_t0: commit `aaa`, 2026-01-01 to 2026-01-01; cpu of ende_t0." in footer
     assert "- sum_t0, sum_t1: commit `bbb`, 2026-01-02 to 2026-01-03; cpu of sum_t0." in footer
     with pytest.raises(ValueError, match="at least one"):
-        reports.provenance_footer([])
+        summary.provenance_footer([])
 
 
 def test_run_to_run_table_reads_each_runs_own_record(tmp_path):
@@ -554,7 +547,7 @@ def test_run_to_run_table_reads_each_runs_own_record(tmp_path):
     base, spec = m["baseline_seconds"] * 1e3, m["speculative_seconds"] * 1e3
     setup_t, setup_d = tb["baseline"]["setup_target"], tb["speculative"]["setup_draft"]
     eq1 = tb["ladder"]["model calls, iterations from Eq. 1 at α"]
-    header, rule, row = reports.run_to_run_table([run]).splitlines()
+    header, rule, row = summary.run_to_run_table([run]).splitlines()
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert len(cells) == len(header.strip("|").split("|")) == 12
     assert cells[0] == "table3/embedded_sum_model_t0"
@@ -568,4 +561,4 @@ def test_run_to_run_table_reads_each_runs_own_record(tmp_path):
         json.dumps({k: v for k, v in m.items() if k != "time_budget"})
     )
     with pytest.raises(ValueError, match="measure_time_budget=False"):
-        reports.run_to_run_table([bare])
+        summary.run_to_run_table([bare])

@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 from conftest import encoder_inputs, perturbed
 
-from specdec_t5x import cost_curve, drafts, gamma_control, models, reports, speculative, theory
+from specdec_t5x import auto_gamma, drafts, models, speculative, theory
+from specdec_t5x.eval import summary
+from specdec_t5x.timing import cost_curve, loops
 
 
 def curve(draft_ms, verify_growth=0.0, overhead_ms=0.0, gamma_max=6):
     """Synthetic curve: T(1) = 10 ms, T(k) grows by `verify_growth` ms per extra token."""
-    return gamma_control.CostCurve(
+    return cost_curve.CostCurve(
         block_step_ms={k: 10.0 + verify_growth * (k - 1) for k in range(1, gamma_max + 2)},
         draft_step_ms=draft_ms,
         baseline_sampling_ms=0.0,
@@ -30,20 +32,20 @@ def test_cost_curve_prediction_is_the_generalised_theorem():
 
 
 def test_controller_picks_the_best_gamma_and_off_when_nothing_pays():
-    cheap = gamma_control.GammaController(curve(draft_ms=0.2), prior_alpha=0.8)
+    cheap = auto_gamma.GammaController(curve(draft_ms=0.2), prior_alpha=0.8)
     gamma, predicted = cheap.choose()
     best = max(range(1, 7), key=lambda g: theory.walltime_improvement(0.8, g, 0.02))
     assert gamma == best and predicted > 1.0
     # A draft as slow as the target with a growing verify cost: nothing predicts a speed-up.
-    slow = gamma_control.GammaController(curve(draft_ms=10.0, verify_growth=3.0), prior_alpha=0.5)
+    slow = auto_gamma.GammaController(curve(draft_ms=10.0, verify_growth=3.0), prior_alpha=0.5)
     assert slow.choose() == (0, 1.0)
     # α = 1 is allowed (a draft equal to the target): the longest block wins with a free draft.
-    exact = gamma_control.GammaController(curve(draft_ms=0.0), prior_alpha=1.0)
+    exact = auto_gamma.GammaController(curve(draft_ms=0.0), prior_alpha=1.0)
     assert exact.choose()[0] == 6
 
 
 def test_controller_probes_then_learns_alpha_from_beta():
-    controller = gamma_control.GammaController(curve(draft_ms=3.0, verify_growth=1.0))
+    controller = auto_gamma.GammaController(curve(draft_ms=3.0, verify_growth=1.0))
     assert controller.choose() == (1, None)  # no α yet: probe with γ = 1
     stats = speculative.SpeculativeStats(
         *(jnp.zeros((2,), jnp.int32) for _ in range(3)),
@@ -71,7 +73,7 @@ def test_controller_probes_then_learns_alpha_from_beta():
 def test_two_unlucky_first_calls_do_not_switch_a_paying_pair_off():
     # The Table-2 failure: α̂ = 0.46 after two calls (the run's α was 0.56) predicted no gain.
     c = curve(draft_ms=3.0, verify_growth=2.0)
-    controller = gamma_control.GammaController(c)
+    controller = auto_gamma.GammaController(c)
     low = speculative.SpeculativeStats(
         *(jnp.zeros((1,), jnp.int32) for _ in range(3)),
         accept_histogram=jnp.zeros((1, 2), jnp.int32),
@@ -109,7 +111,7 @@ def test_call_prediction_adds_setup_and_fixed_work_to_both_sides():
 def test_short_outputs_of_long_inputs_switch_speculation_off():
     """Summarization-like calls: 10 tokens after long encoder passes; the steady state says on."""
     c = dataclasses.replace(curve(draft_ms=0.5), target_setup_ms=90.0, draft_setup_ms=60.0)
-    controller = gamma_control.GammaController(c, prior_alpha=0.6)
+    controller = auto_gamma.GammaController(c, prior_alpha=0.6)
     assert max(controller.predictions(0.6).values()) > 1.2  # no call seen yet: steady state
     controller.observe(0, c.baseline_call_ms(10) / 1e3, 10)  # one call of 10 tokens seen
     assert controller.tokens_per_call == 10
@@ -118,7 +120,7 @@ def test_short_outputs_of_long_inputs_switch_speculation_off():
 
 def test_controller_corrects_its_model_by_each_calls_own_counts():
     """Timed calls are compared with the model of the same call, not with other examples."""
-    controller = gamma_control.GammaController(curve(draft_ms=0.2), prior_alpha=0.8)
+    controller = auto_gamma.GammaController(curve(draft_ms=0.2), prior_alpha=0.8)
     gamma, predicted = controller.choose()
     assert gamma > 0 and predicted > 1.2  # the cost curve alone says: speculate
     spec_ms = controller.curve.speculative_call_ms(gamma, 20)
@@ -134,7 +136,7 @@ def test_controller_corrects_its_model_by_each_calls_own_counts():
     assert controller.choose() == (0, 1.0)
     # The same γ measured as modelled, the baseline on other lengths: the controller speculates,
     # and its prediction is the model's for the mean call length (per-token speeds never mixed).
-    fast = gamma_control.GammaController(curve(draft_ms=0.2), prior_alpha=0.8)
+    fast = auto_gamma.GammaController(curve(draft_ms=0.2), prior_alpha=0.8)
     gamma, _ = fast.choose()
     n = lambda tokens, g=gamma: theory.expected_iterations([tokens], 0.8, g)[0]  # noqa: E731
     for tokens in (40, 80):
@@ -175,14 +177,14 @@ def test_measured_curve_is_complete_and_cached(pair):
     spec_model, params, batch = pair
     settings = {"temperature": 1.0, "topk": 0, "topp": 0.0}
     args = (spec_model, params, spec_model.draft.params, batch["encoder_input_tokens"], MAX_LEN, 2)
-    measured = gamma_control.measure_cost_curve(*args, settings, repeats=2)
+    measured = cost_curve.measure_cost_curve(*args, settings, repeats=2)
     assert sorted(measured.block_step_ms) == [1, 2, 3] and sorted(measured.sampling_ms) == [1, 2]
     assert sorted(measured.speculative_fixed_ms) == [1, 2]
     assert all(v > 0 for v in measured.block_step_ms.values()) and measured.draft_step_ms > 0
     loop_work = [*measured.sampling_ms.values(), *measured.speculative_fixed_ms.values()]
     assert all(v >= 0 for v in loop_work)  # slopes/intercepts of timings: 0 when below noise
     assert measured.target_setup_ms > 0 and measured.draft_setup_ms > 0
-    assert gamma_control.measure_cost_curve(*args, settings, repeats=2) is measured
+    assert cost_curve.measure_cost_curve(*args, settings, repeats=2) is measured
 
 
 def test_auto_decoder_in_argmax_mode_equals_greedy_whatever_gamma(pair):
@@ -190,7 +192,7 @@ def test_auto_decoder_in_argmax_mode_equals_greedy_whatever_gamma(pair):
     settings = {"temperature": 0.0, "topk": 0, "topp": 0.0}
     baseline = models.EncoderDecoderModel(spec_model.module)
     want = baseline.predict_batch_with_aux(params, batch, decoder_params=settings)[0]
-    decoder = gamma_control.AutoGammaDecoder(
+    decoder = auto_gamma.AutoGammaDecoder(
         spec_model, params, settings=settings, gamma_max=2, curve=curve(1.0, gamma_max=2)
     )
     rng = jax.random.PRNGKey(0)
@@ -207,7 +209,7 @@ def test_auto_decoder_in_argmax_mode_equals_greedy_whatever_gamma(pair):
 
 
 def test_summarise_auto_reports_off_and_the_choices():
-    off = gamma_control.summarise_auto([1.0, 2.0], [1.0, 1.0], [None, None], [0, 0], [1.0, 1.0])
+    off = auto_gamma.summarise_auto([1.0, 2.0], [1.0, 1.0], [None, None], [0, 0], [1.0, 1.0])
     assert off["alpha_display"] == "off" and off["alpha_beta"] is None
     assert off["gamma_chosen"] == {"0": 2} and off["speedup"] == pytest.approx(1.5)
     stats = speculative.SpeculativeStats(
@@ -220,35 +222,35 @@ def test_summarise_auto_reports_off_and_the_choices():
         num_generated=np.array([10]),
         num_proposed=np.array([8]),
     )
-    on = gamma_control.summarise_auto([1.0, 1.0], [0.5, 1.0], [stats, None], [2, 0], [None, 1.0])
+    on = auto_gamma.summarise_auto([1.0, 1.0], [0.5, 1.0], [stats, None], [2, 0], [None, 1.0])
     assert on["alpha_display"] == "0.50" and on["tokens_per_iteration"] == 2.5
     assert on["gamma_chosen"] == {"0": 1, "2": 1} and on["predicted_speedup"] == 1.0
     assert on["probe_examples"] == 1 and on["baseline_timing_examples"] == 0
     # γ = 0 with no prediction is a baseline timing, reported apart from "off" decisions.
-    timed = gamma_control.summarise_auto(
+    timed = auto_gamma.summarise_auto(
         [1.0] * 3, [1.0] * 3, [stats, None, None], [2, 0, 0], [1.2, None, 1.0]
     )
     assert timed["baseline_timing_examples"] == 1 and timed["gamma_chosen"] == {"0": 2, "2": 1}
-    assert reports.auto_choices(timed) == "off×1, baseline timing×1, 2×1"
+    assert summary.auto_choices(timed) == "off×1, baseline timing×1, 2×1"
 
 
 def test_bootstrap_interval_brackets_the_ratio_and_rejects_mismatched_runs():
     rng = np.random.default_rng(0)
     base = rng.uniform(1.0, 2.0, 200)
-    low, high = gamma_control.bootstrap_interval(base, base / 1.25)
+    low, high = auto_gamma.bootstrap_interval(base, base / 1.25)
     assert low == pytest.approx(1.25) and high == pytest.approx(1.25)  # paired: exact ratio
     noisy = base / 1.25 * rng.uniform(0.8, 1.2, 200)
-    low, high = gamma_control.bootstrap_interval(base, noisy)
+    low, high = auto_gamma.bootstrap_interval(base, noisy)
     ratio = base.sum() / noisy.sum()
     assert low < ratio < high and high - low < 0.1
     with pytest.raises(ValueError, match="equal non-empty"):
-        gamma_control.bootstrap_interval(base, base[:-1])
+        auto_gamma.bootstrap_interval(base, base[:-1])
 
 
 def test_baseline_is_retimed_while_speculating_and_corrects_a_slow_first_timing():
     """Two slow first baseline calls made ρ_b too high (γ = 2 kept at 0.88×): re-timing fixes it."""
     c = curve(draft_ms=1.0, verify_growth=1.0)
-    controller = gamma_control.GammaController(c, prior_alpha=0.6, baseline_every=4)
+    controller = auto_gamma.GammaController(c, prior_alpha=0.6, baseline_every=4)
     gamma = controller.choose()[0]
     assert gamma > 0
     tokens = 30
@@ -270,7 +272,7 @@ def test_baseline_is_retimed_while_speculating_and_corrects_a_slow_first_timing(
     assert controller.corrections()["baseline"] < 1.15  # and ρ_b moved toward the truth
     assert seen[-8:] == [0] * 8  # so speculation (truly slower here) went off
     assert max(controller.predictions(0.6)[g] for g in range(1, 7)) < 1.0
-    never = gamma_control.GammaController(c, prior_alpha=0.6, baseline_every=0)
+    never = auto_gamma.GammaController(c, prior_alpha=0.6, baseline_every=0)
     for _ in range(2):
         never.observe(gamma, spec_s / 1.8, tokens, iterations)
         never.observe(0, base_s, tokens)
@@ -299,7 +301,7 @@ def test_baseline_retiming_is_skipped_while_speculation_safely_pays():
     ρ_b's uncertainty could flip the decision, every baseline_every calls."""
     c = curve(draft_ms=0.5, verify_growth=0.5)
     kw = dict(prior_alpha=0.6, baseline_every=8, max_baseline_every=32, retime_min_calls=4)
-    clear = gamma_control.GammaController(c, **kw)
+    clear = auto_gamma.GammaController(c, **kw)
     assert clear.choose()[1] > 1.5
     seen = _retimings(clear, c, gamma_factor=1.0, base_noise=0.02)
     assert clear.baseline_standard_error() < 0.02
@@ -310,7 +312,7 @@ def test_baseline_retiming_is_skipped_while_speculation_safely_pays():
     # The rule itself: ρ_b from 4 baseline calls of ratio 1.0, 1.0, 1.2, 0.8 (relative standard
     # error 0.0816), 7 speculative calls since the last one: re-time unless the prediction stays
     # above 1 at ρ_b's lower bound (1 - 1.645 · 0.0816 = 0.866), or 32 calls have passed.
-    rule = gamma_control.GammaController(c, **kw)
+    rule = auto_gamma.GammaController(c, **kw)
     for ratio in (1.0, 1.0, 1.2, 0.8):
         rule.observe(0, ratio * c.baseline_call_ms(30) / 1e3, 30)
     for _ in range(7):
@@ -321,7 +323,7 @@ def test_baseline_retiming_is_skipped_while_speculation_safely_pays():
     for _ in range(24):
         rule.observe(2, 0.1, 30, 15)
     assert rule._retime(3.0)  # 32 calls since: drift
-    few = gamma_control.GammaController(c, **kw)
+    few = auto_gamma.GammaController(c, **kw)
     for ratio in (1.0, 1.0, 1.0):  # fewer than retime_min_calls: not trusted
         few.observe(0, ratio * c.baseline_call_ms(30) / 1e3, 30)
     for _ in range(7):
@@ -331,7 +333,7 @@ def test_baseline_retiming_is_skipped_while_speculation_safely_pays():
 
 def test_speculative_correction_is_per_gamma_shrunk_toward_the_pooled_one():
     c = curve(draft_ms=1.0, verify_growth=1.0)
-    controller = gamma_control.GammaController(c, prior_alpha=0.6, gamma_prior_calls=4.0)
+    controller = auto_gamma.GammaController(c, prior_alpha=0.6, gamma_prior_calls=4.0)
     assert controller.speculative_correction(2) == 1.0  # nothing timed
     for g, factor, n in ((1, 2.0, 4), (2, 1.0, 12)):
         ms = c.speculative_call_ms(g, 10)
@@ -358,7 +360,7 @@ def _stats(alpha, num_beta=10):
 def test_alpha_margin_uses_the_measured_spread_of_per_call_alpha():
     """Per-call α spread by 0.05 (summaries at T = 1 spread by 0.07): the margin is sized from it,
     shrunk toward the assumed 0.2 with spread_prior_calls' weight, not from 0.2 alone."""
-    controller = gamma_control.GammaController(curve(draft_ms=1.0), spread_prior_calls=4.0)
+    controller = auto_gamma.GammaController(curve(draft_ms=1.0), spread_prior_calls=4.0)
     alphas = [0.55, 0.65] * 10
     for a in alphas:
         controller.update(_stats(a))
@@ -368,7 +370,7 @@ def test_alpha_margin_uses_the_measured_spread_of_per_call_alpha():
     assert 0.05 < want < 0.1
     assert controller.optimistic_alpha == pytest.approx(0.6 + 1.645 * want / np.sqrt(20))
     # Widely spread α keeps a wide margin; a call without β (all rows done) adds no α sample.
-    wide = gamma_control.GammaController(curve(draft_ms=1.0), spread_prior_calls=4.0)
+    wide = auto_gamma.GammaController(curve(draft_ms=1.0), spread_prior_calls=4.0)
     for a in [0.2, 0.9] * 10:
         wide.update(_stats(a))
     wide.update(_stats(0.0, num_beta=0))
@@ -401,7 +403,7 @@ def test_a_gamma_whose_own_calls_lose_is_refuted_whatever_the_optimism():
     # A margin that never closes (spread 2.0 trusted over 1e6 calls) and no exploration budget:
     # only refutation ends it.
     kw = dict(alpha_spread=2.0, spread_prior_calls=1e6, baseline_every=0, max_explore_calls=10**9)
-    refuting = gamma_control.GammaController(c, **kw)
+    refuting = auto_gamma.GammaController(c, **kw)
     seen = _explore_world(refuting, c, loss=1.15)
     explored = [g for g in seen if g > 0]
     assert len(explored) <= 3 * 6 + 2  # each γ: refute_min_calls timed calls, then refuted
@@ -409,15 +411,15 @@ def test_a_gamma_whose_own_calls_lose_is_refuted_whatever_the_optimism():
     assert all(refuting.refuted(g) for g in set(explored))
     speedup, se = refuting.measured_speedup(explored[0])
     assert speedup == pytest.approx(1 / 1.15, rel=0.03) and 0 < se < 0.05
-    blind = gamma_control.GammaController(c, refute_min_calls=10**9, **kw)
+    blind = auto_gamma.GammaController(c, refute_min_calls=10**9, **kw)
     assert sum(g > 0 for g in _explore_world(blind, c, loss=1.15)) > 60
     # Calls that pay are never refuted: speculation stays on.
-    paying = gamma_control.GammaController(c, **kw)
+    paying = auto_gamma.GammaController(c, **kw)
     seen = _explore_world(paying, c, loss=0.8)
     assert seen[-50:].count(0) == 0
     assert not any(paying.refuted(g) for g in range(1, 7))
     # Before refute_min_calls timed calls, or before the baseline was timed: no verdict.
-    early = gamma_control.GammaController(c, **kw)
+    early = auto_gamma.GammaController(c, **kw)
     early.observe(2, 0.5, 30, 15)
     early.observe(2, 0.5, 30, 15)
     assert early.measured_speedup(2) is None and not early.refuted(2)
@@ -437,19 +439,19 @@ def test_exploration_is_bounded_by_a_budget_of_calls():
         refute_min_calls=10**9,
         speculate_every=0,
     )
-    bounded = gamma_control.GammaController(c, max_explore_calls=12, **kw)
+    bounded = auto_gamma.GammaController(c, max_explore_calls=12, **kw)
     seen = _explore_world(bounded, c, loss=1.05)
     # The probe, 12 explored calls, and a few γ whose point prediction was still above the margin
     # before their own calls corrected it.
     assert bounded.explore_calls == 12 and sum(g > 0 for g in seen) < 25
     assert seen[-50:] == [0] * 50
     assert bounded.choose() == (0, 1.0) and not bounded.exploring
-    unbounded = gamma_control.GammaController(c, max_explore_calls=10**9, **kw)
+    unbounded = auto_gamma.GammaController(c, max_explore_calls=10**9, **kw)
     assert sum(g > 0 for g in _explore_world(unbounded, c, loss=1.05)) > 60
-    never = gamma_control.GammaController(c, max_explore_calls=0, **kw)
+    never = auto_gamma.GammaController(c, max_explore_calls=0, **kw)
     assert sum(g > 0 for g in _explore_world(never, c, loss=1.05)) < 12 and never.explore_calls == 0
     # Calls that pay are chosen at α̂ (not exploring) and go on past the budget.
-    paying = gamma_control.GammaController(c, max_explore_calls=3, **kw)
+    paying = auto_gamma.GammaController(c, max_explore_calls=3, **kw)
     seen = _explore_world(paying, c, loss=0.8)
     assert sum(g > 0 for g in seen) > 90 and paying.explore_calls <= 3
 
@@ -464,7 +466,7 @@ def test_calibrated_curve_scales_each_gamma_by_its_real_calls():
         1: [(1.0 * c.speculative_call_ms(1, 12) / 1e3, 20, 12)] * 3,
         2: [(f * c.speculative_call_ms(2, 10) / 1e3, 20, 10) for f in (1.2, 1.25, 9.0)],
     }
-    cal = gamma_control.cost_curve.calibrated(c, calls)
+    cal = auto_gamma.cost_curve.calibrated(c, calls)
     assert cal.call_scale[0] == pytest.approx(1.0) and cal.call_scale[1] == pytest.approx(1.0)
     assert cal.call_scale[2] == pytest.approx(1.25)  # the median: one outlier call ignored
     assert 3 not in cal.call_scale and cal.speculative_call_ms(3, 5) == c.speculative_call_ms(3, 5)
@@ -478,17 +480,17 @@ def test_calibrated_curve_scales_each_gamma_by_its_real_calls():
     assert cal.predicted_speedup(0.6, 1, 20) > cal.predicted_speedup(0.6, 2, 20)
     assert cal.to_dict()["call_scale"]["2"] == pytest.approx(1.25)
     with pytest.raises(ValueError, match="γ in 0..3"):
-        gamma_control.cost_curve.calibrated(c, {4: calls[1]})
+        auto_gamma.cost_curve.calibrated(c, {4: calls[1]})
     with pytest.raises(ValueError, match="iterations >= 1"):
-        gamma_control.cost_curve.calibrated(c, {2: [(0.01, 20, None)]})
+        auto_gamma.cost_curve.calibrated(c, {2: [(0.01, 20, None)]})
 
 
 def test_auto_decoder_calibrates_its_curve_on_real_calls_of_every_gamma(pair, monkeypatch):
     spec_model, params, batch = pair
     settings = {"temperature": 1.0, "topk": 0, "topp": 0.0}
     composed = curve(1.0, gamma_max=2)
-    monkeypatch.setattr(gamma_control.cost_curve, "measure_cost_curve", lambda *a, **k: composed)
-    decoder = gamma_control.AutoGammaDecoder(
+    monkeypatch.setattr(auto_gamma.cost_curve, "measure_cost_curve", lambda *a, **k: composed)
+    decoder = auto_gamma.AutoGammaDecoder(
         spec_model, params, settings=settings, gamma_max=2, calibration_rounds=2
     )
     seen = []
@@ -535,13 +537,13 @@ def test_auto_decoder_calibrates_its_curve_on_real_calls_of_every_gamma(pair, mo
         controller.observe(1, 0.01, 8, 4)
     controller.choose()
     assert controller.last_choice["reason"] not in ("probe", "time_baseline")
-    off = gamma_control.AutoGammaDecoder(
+    off = auto_gamma.AutoGammaDecoder(
         spec_model, params, settings=settings, gamma_max=2, calibration_rounds=0
     )
     off.choose(batch)
     assert off.controller.curve is composed
     with pytest.raises(ValueError, match="calibration_rounds"):
-        gamma_control.AutoGammaDecoder(spec_model, params, settings=settings, calibration_rounds=-1)
+        auto_gamma.AutoGammaDecoder(spec_model, params, settings=settings, calibration_rounds=-1)
 
 
 def test_a_break_even_prediction_does_not_switch_speculation_on():
@@ -550,18 +552,18 @@ def test_a_break_even_prediction_does_not_switch_speculation_on():
     c = curve(draft_ms=2.0, verify_growth=1.0)
     alphas = np.linspace(0.3, 0.9, 601)
     best = [
-        max(gamma_control.GammaController(c, prior_alpha=a).predictions(a).values()) for a in alphas
+        max(auto_gamma.GammaController(c, prior_alpha=a).predictions(a).values()) for a in alphas
     ]
     near = float(alphas[np.argmax((np.asarray(best) > 1.01) & (np.asarray(best) < 1.03))])
     paying = float(alphas[np.argmax(np.asarray(best) > 1.08)])
-    controller = gamma_control.GammaController(c, prior_alpha=near)
+    controller = auto_gamma.GammaController(c, prior_alpha=near)
     assert 1.01 < max(controller.predictions(near).values()) < 1.03
     assert controller.choose() == (0, 1.0)
-    assert gamma_control.GammaController(c, prior_alpha=near, min_speedup=1.0).choose()[0] > 0
-    gamma, predicted = gamma_control.GammaController(c, prior_alpha=paying).choose()
+    assert auto_gamma.GammaController(c, prior_alpha=near, min_speedup=1.0).choose()[0] > 0
+    gamma, predicted = auto_gamma.GammaController(c, prior_alpha=paying).choose()
     assert gamma > 0 and predicted > 1.08
     # Exploring: α̂ just below break-even from one call; the optimistic α clears the margin.
-    controller = gamma_control.GammaController(c)
+    controller = auto_gamma.GammaController(c)
     one_call = speculative.SpeculativeStats(
         *(jnp.zeros((1,), jnp.int32) for _ in range(3)),
         accept_histogram=jnp.zeros((1, 2), jnp.int32),
@@ -576,7 +578,7 @@ def test_a_break_even_prediction_does_not_switch_speculation_on():
     controller.min_speedup = 10.0  # no optimism clears this margin
     assert controller.choose() == (0, 1.0)
     with pytest.raises(ValueError, match="min_speedup"):
-        gamma_control.AutoGammaDecoder(None, None, None, settings={}, min_speedup=0.0)
+        auto_gamma.AutoGammaDecoder(None, None, None, settings={}, min_speedup=0.0)
 
 
 def test_calibration_smooths_the_per_gamma_scatter_by_a_line_in_gamma():
@@ -587,7 +589,7 @@ def test_calibration_smooths_the_per_gamma_scatter_by_a_line_in_gamma():
     calls = {0: [(c.baseline_call_ms(20) / 1e3, 20, None)] * 3}
     for g, f in medians.items():
         calls[g] = [(f * c.speculative_call_ms(g, 10) / 1e3, 20, 10)] * 3
-    cal = gamma_control.cost_curve.calibrated(c, calls)
+    cal = auto_gamma.cost_curve.calibrated(c, calls)
     slope, intercept = np.polyfit([1, 2, 3, 4], list(medians.values()), 1)
     for g in medians:
         assert cal.call_scale[g] == pytest.approx(intercept + slope * g)
@@ -627,7 +629,7 @@ def test_a_gamma_whose_own_calls_pay_is_chosen_below_the_margin():
     iterations = theory.expected_iterations([30], 0.6, 2)[0]
 
     def controller(speedup, spread, calls=10):
-        ctrl = gamma_control.GammaController(c, **kw)
+        ctrl = auto_gamma.GammaController(c, **kw)
         for i in range(4):
             ctrl.observe(0, (1.02 if i % 2 else 0.98) * c.baseline_call_ms(30) / 1e3, 30)
         for i in range(calls):
@@ -656,12 +658,12 @@ def test_a_gamma_whose_own_calls_pay_is_chosen_below_the_margin():
 
 def test_baseline_timed_before_the_run_skips_the_timing_calls():
     c = curve(draft_ms=1.0, verify_growth=0.5)
-    seeded = gamma_control.GammaController(c, prior_alpha=0.6)
+    seeded = auto_gamma.GammaController(c, prior_alpha=0.6)
     for ratio in (1.0, 1.1):
         seeded.time_baseline(ratio * c.baseline_call_ms(30) / 1e3, 30)
     assert seeded.corrections()["baseline"] == pytest.approx(1.05)
     assert seeded.calls == 0 and seeded.tokens_per_call is None and not seeded.history
-    plain = gamma_control.GammaController(c, prior_alpha=0.6)
+    plain = auto_gamma.GammaController(c, prior_alpha=0.6)
     for ctrl in (seeded, plain):
         for _ in range(2):
             g = ctrl.choose()[0]
@@ -680,19 +682,19 @@ def test_speculation_is_retimed_while_off_and_comes_back_when_the_machine_speeds
     # costs 1.27x (γ = 3 pays ~1.15x; 30-token calls, iterations from Section 3.1's model with
     # the last block cut, `_drift_world`).
     phases = lambda i: 1.46 if i < 40 else 1.27  # noqa: E731
-    retiming = gamma_control.GammaController(c, speculate_every=8)
+    retiming = auto_gamma.GammaController(c, speculate_every=8)
     seen = _drift_world(retiming, c, phases)
     assert seen[25:40].count(0) >= 12  # off in the slow phase, a re-timing per 8 calls
     assert sum(g > 0 for g in seen[-50:]) >= 45  # back on in the fast phase
     reasons = [h["reason"] for h in retiming.history]
     assert "retime_speculative" in reasons[20:100]
-    never = gamma_control.GammaController(c, speculate_every=0)
+    never = auto_gamma.GammaController(c, speculate_every=0)
     assert _drift_world(never, c, phases)[-100:] == [0] * 100
     # A γ that clearly loses (predicted below retime_min_predicted) is not re-timed.
-    losing = gamma_control.GammaController(c, speculate_every=8)
+    losing = auto_gamma.GammaController(c, speculate_every=8)
     assert _drift_world(losing, c, lambda i: 1.7)[-100:] == [0] * 100
     # At break-even the re-timings cost one call in speculate_every.
-    even = gamma_control.GammaController(c, speculate_every=8)
+    even = auto_gamma.GammaController(c, speculate_every=8)
     assert 10 <= sum(g > 0 for g in _drift_world(even, c, lambda i: 1.5)[40:]) <= 100 // 8 + 1
 
 
@@ -700,7 +702,7 @@ def test_iterations_correction_is_per_gamma_shrunk_toward_the_pooled_one():
     """Session 13, Table 3 summarization T = 1 (~10-token synopses): EOS cut γ = 6's blocks more
     (η 1.22) than γ = 3's (1.05); a pooled η from mostly γ = 6 calls under-predicted γ = 3."""
     c = curve(draft_ms=1.0, verify_growth=0.5)
-    controller = gamma_control.GammaController(c, prior_alpha=0.6, gamma_prior_calls=4.0)
+    controller = auto_gamma.GammaController(c, prior_alpha=0.6, gamma_prior_calls=4.0)
     assert controller.iterations_correction(3) == 1.0  # nothing timed
     # N: expected iterations of a 20-token call (the i.i.d. model, last block cut).
     n20 = {g: theory.expected_iterations([20], 0.6, g)[0] for g in (3, 6)}
@@ -726,7 +728,7 @@ def test_predicted_iterations_price_the_last_block_cut_at_eos():
     (`theory.expected_iterations`), not L / Eq. 1: on ~8-token outputs γ = 6's last block is cut
     more than γ = 2's, so a larger γ gains less than Eq. 1 says."""
     c = curve(draft_ms=0.5, verify_growth=0.1)
-    controller = gamma_control.GammaController(c, prior_alpha=0.7)
+    controller = auto_gamma.GammaController(c, prior_alpha=0.7)
     for tokens in (6, 8, 10):  # baseline calls: L and the lengths, no speculative correction yet
         controller.observe(0, 0.02, tokens)
     for g in (2, 6):
@@ -746,7 +748,7 @@ def test_predicted_iterations_price_the_last_block_cut_at_eos():
         want = k["baseline"] * c.baseline_call_ms(8) / c.speculative_call_ms(g, iterations)
         assert predicted[g] == pytest.approx(want)
     with pytest.raises(ValueError, match="at least one observed call"):
-        gamma_control.GammaController(c).iterations_per_call(0.7, 2)
+        auto_gamma.GammaController(c).iterations_per_call(0.7, 2)
 
 
 def test_loop_costs_times_the_real_loops_by_slope(pair):
@@ -754,7 +756,7 @@ def test_loop_costs_times_the_real_loops_by_slope(pair):
     settings = {"temperature": 0.0, "topk": 0, "topp": 0.0}
     enc = batch["encoder_input_tokens"]
     timer = {"draft_step_ms": 0.01}
-    costs = cost_curve.loop_costs(
+    costs = loops.loop_costs(
         spec_model, params, spec_model.draft.params, enc, MAX_LEN, 2, settings, timer, repeats=2
     )
     # The tiny random target emits no EOS: units are counted, and where the real EOS leaves too
@@ -779,29 +781,27 @@ def test_loop_costs_times_the_real_loops_by_slope(pair):
     assert costs["c_alone"] == pytest.approx(0.01 / costs["target_step_ms"])
     assert costs["step_timer"] == timer
     # Several sources of one shape are pooled: units add up over them.
-    two = cost_curve.loop_costs(
+    two = loops.loop_costs(
         spec_model, params, spec_model.draft.params, [enc, enc], MAX_LEN, 2, settings, repeats=2
     )
     assert two["sources"] == 2 and "c_alone" not in two
     if two["timing_eos_id"] == costs["timing_eos_id"]:
         assert two["units"]["baseline"] == [2 * u for u in costs["units"]["baseline"]]
     with pytest.raises(ValueError, match="one shape"):
-        cost_curve.loop_costs(
+        loops.loop_costs(
             spec_model, params, spec_model.draft.params, [enc, enc[:, :-1]], MAX_LEN, 2, settings
         )
     with pytest.raises(ValueError, match="gamma >= 1"):
-        cost_curve.loop_costs(
-            spec_model, params, spec_model.draft.params, enc, MAX_LEN, 0, settings
-        )
+        loops.loop_costs(spec_model, params, spec_model.draft.params, enc, MAX_LEN, 0, settings)
 
 
 def _run_timings(verify_ms: float, batches: int = 5):
-    """Per-batch seconds and units of `cost_curve.RUN_COST_CALLS`: 3 ms set-up per call, T(1)
+    """Per-batch seconds and units of `loops.RUN_COST_CALLS`: 3 ms set-up per call, T(1)
     0.5 ms, an iteration 0.8 ms and the zero-cost-draft iteration `verify_ms`, + loop work."""
     work = {"baseline_per_token_ms": 0.05, "speculative_per_iteration_ms": 0.02}
     per_unit = {"baseline": 0.55, "speculative": 0.82, "verify_only": verify_ms + 0.02}
     seconds, units = {}, {}
-    for call in cost_curve.RUN_COST_CALLS:
+    for call in loops.RUN_COST_CALLS:
         full = [10 + 3 * b for b in range(batches)]  # units of the full calls vary by batch
         for length, n in (("short", [2] * batches), ("full", full)):
             units[(call, length)] = n
@@ -811,7 +811,7 @@ def _run_timings(verify_ms: float, batches: int = 5):
 
 def test_run_costs_prices_steps_from_full_minus_short_calls():
     seconds, units, work = _run_timings(verify_ms=0.7)
-    costs = cost_curve.run_costs(seconds, units, 2, work, {"draft_step_ms": 0.01})
+    costs = loops.run_costs(seconds, units, 2, work, {"draft_step_ms": 0.01})
     # The set-up (3 ms per call) cancels; the loop work is taken off.
     assert costs["target_step_ms"] == pytest.approx(0.5)
     assert costs["iteration_ms"] == pytest.approx(0.8)
@@ -835,7 +835,7 @@ def test_run_costs_prices_steps_from_full_minus_short_calls():
 
 def test_run_costs_caps_the_verify_call_at_its_iteration():
     seconds, units, work = _run_timings(verify_ms=0.9)  # the zero-cost-draft loop reads more
-    costs = cost_curve.run_costs(seconds, units, 2, work)
+    costs = loops.run_costs(seconds, units, 2, work)
     assert costs["verify_capped"] and costs["verify_only_ms"] == pytest.approx(0.9)
     assert costs["verify_step_ms"] == pytest.approx(0.8) and costs["c"] == 0
     assert "c_alone" not in costs
@@ -844,17 +844,17 @@ def test_run_costs_caps_the_verify_call_at_its_iteration():
 def test_run_costs_refuses_bad_input():
     seconds, units, work = _run_timings(verify_ms=0.7)
     with pytest.raises(ValueError, match="gamma must be an int >= 1"):
-        cost_curve.run_costs(seconds, units, 0, work)
+        loops.run_costs(seconds, units, 0, work)
     with pytest.raises(ValueError, match="missing"):
-        cost_curve.run_costs({}, units, 2, work)
+        loops.run_costs({}, units, 2, work)
     short = dict(units)
     short[("speculative", "full")] = [2] * 5  # no iteration beyond the short calls
     with pytest.raises(ValueError, match="too short"):
-        cost_curve.run_costs(seconds, short, 2, work)
+        loops.run_costs(seconds, short, 2, work)
     uneven = dict(seconds)
     uneven[("baseline", "full")] = seconds[("baseline", "full")][:-1]
     with pytest.raises(ValueError, match="one non-empty value per batch"):
-        cost_curve.run_costs(uneven, units, 2, work)
+        loops.run_costs(uneven, units, 2, work)
 
 
 def test_calibration_calls_time_speculation_so_two_slow_first_calls_do_not_switch_it_off():
@@ -867,7 +867,7 @@ def test_calibration_calls_time_speculation_so_two_slow_first_calls_do_not_switc
     tokens, alpha = 30, 0.6
 
     def run(calibrated_speculation: bool):
-        ctrl = gamma_control.GammaController(c)
+        ctrl = auto_gamma.GammaController(c)
         for _ in range(4):  # the calibration: every γ at its model, on the first batch
             ctrl.time_baseline(c.baseline_call_ms(tokens) / 1e3, tokens)
             if calibrated_speculation:
@@ -894,7 +894,7 @@ def test_calibration_calls_time_speculation_so_two_slow_first_calls_do_not_switc
     after, seen = run(calibrated_speculation=True)
     assert sum(g > 0 for g in seen[10:]) >= 80  # speculation comes back and stays
     # The calibration's calls count toward ρ_s and γ's timed calls, not toward α, L or history.
-    fresh = gamma_control.GammaController(c)
+    fresh = auto_gamma.GammaController(c)
     fresh.time_speculative(2, 0.05, tokens, 12)
     assert fresh.timed_calls == {2: 1} and fresh.alpha is None and fresh.calls == 0
     assert fresh.calibration_ms[2] == pytest.approx((50.0, c.speculative_call_ms(2, 12)))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import tiny_spec_pair
 
-from specdec_t5x import gamma_table
+from specdec_t5x.bench import gamma_compare
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +15,7 @@ def compared():
     rng = np.random.RandomState(0)
     inputs = [rng.randint(3, 30, n).astype(np.int32) for n in (5, 9, 7)]
     settings = {"temperature": 0.0, "topk": 0, "topp": 0.0}
-    result = gamma_table.compare(
+    result = gamma_compare.compare(
         spec_model,
         params,
         inputs,
@@ -56,7 +56,7 @@ def test_block_verification_equals_token_verification_at_temperature_zero(compar
 
 
 def test_markdown_and_write_give_one_line_per_variant(compared, tmp_path):
-    text = gamma_table.write(tmp_path, {"tiny T=0": compared}, "pytest")
+    text = gamma_compare.write(tmp_path, {"tiny T=0": compared}, "pytest")
     lines = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(lines) == 1 + 5  # header + one row per variant
     assert any(line.startswith("| auto+exit | ") for line in lines)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from conftest import init_params, perturbed, tiny_config
 
-from specdec_t5x import drafts, evaluation, models, multihost, network, vocab
+from specdec_t5x import drafts, models, multihost, network, vocab
+from specdec_t5x.eval import job
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS = dict(  # no time budget: only the deterministic metrics are compared
@@ -34,13 +35,14 @@ sys.path.insert(0, {tests!r})
 from conftest import init_params, perturbed, tiny_config
 from specdec_t5x import multihost
 multihost.initialize('127.0.0.1:{port}', 2, {pid})
-from specdec_t5x import drafts, evaluation, models, network, vocab
+from specdec_t5x import drafts, models, network, vocab
+from specdec_t5x.eval import job
 vocabulary = vocab.get_vocabulary()
 module = network.Transformer(tiny_config(vocab_size=vocab.model_vocab_size(vocabulary)))
 params = init_params(module, 3)
 draft = drafts.T5Draft(module, perturbed(params, 0.05, 4))
 spec = models.SpeculativeEncoderDecoderModel(module, draft, vocabulary, vocabulary)
-evaluation.evaluate(spec, params, 'ddtp_ende', {out!r}, **{settings!r})
+job.evaluate(spec, params, 'ddtp_ende', {out!r}, **{settings!r})
 """
 
 
@@ -78,7 +80,7 @@ def test_two_processes_give_single_process_metrics(data_dir, tmp_path):
     params = init_params(module, 3)
     draft = drafts.T5Draft(module, perturbed(params, 0.05, 4))
     spec = models.SpeculativeEncoderDecoderModel(module, draft, vocabulary, vocabulary)
-    single = evaluation.evaluate(spec, params, "ddtp_ende", str(tmp_path / "single"), **SETTINGS)
+    single = job.evaluate(spec, params, "ddtp_ende", str(tmp_path / "single"), **SETTINGS)
     for proc in procs:
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, out[-3000:]

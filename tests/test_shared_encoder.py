@@ -9,7 +9,10 @@ import pytest
 from conftest import init_params, tiny_config
 from test_train import DigitVocabulary, copy_pairs
 
-from specdec_t5x import drafts, embedded, models, network, shared_encoder, steps, time_budget, train
+from specdec_t5x import drafts, embedded, models, network, steps
+from specdec_t5x.timing import loops
+from specdec_t5x.training import checkpoints as train_checkpoints
+from specdec_t5x.training import shared_encoder, train
 
 DRAFT_SHAPE = dict(emb_dim=6, num_heads=2, head_dim=3, mlp_dim=12, num_decoder_layers=1)
 
@@ -74,7 +77,7 @@ def test_shared_setup_equals_the_drafts_own_encoder_pass(tiny_target):
         jax.jit(ts)(tokens, pos, tc)[0], jax.jit(ts2)(tokens, pos, tc2)[0]
     )
     # The eval job's set-up timing takes the shared path (no encoder pass of the draft's own).
-    setup = time_budget.measure_setup_ms(shared, tp, own, enc, 8, repeats=1)
+    setup = loops.measure_setup_ms(shared, tp, own, enc, 8, repeats=1)
     assert setup["draft_setup_ms"] > 0 and setup["target_setup_ms"] > 0
 
 
@@ -190,13 +193,13 @@ def test_training_keeps_the_target_encoder_frozen_and_exports_the_draft_only(tmp
     moved = jax.tree_util.tree_map(lambda a, b: float(jnp.max(jnp.abs(a - b))), exported, own)
     assert max(jax.tree_util.tree_leaves(moved)) > 0  # the draft trained
     # The checkpoint's encoder is the target's, untouched (weight decay 0.1 would move it).
-    path, _ = train.export_checkpoint(
+    path, _ = train_checkpoints.export_checkpoint(
         tmp_path / "run", tmp_path / "ckpt.msgpack", None, jnp.float32
     )
     ckpt = embedded.load_params(path=path)
     for mine, theirs in drafts.TARGET_ENCODER_SUBTREES.items():
         jax.tree_util.tree_map(np.testing.assert_array_equal, ckpt[mine], tp[theirs])
-    path, _ = train.export_checkpoint(
+    path, _ = train_checkpoints.export_checkpoint(
         tmp_path / "run", tmp_path / "own.msgpack", None, jnp.float32, exclude=frozen
     )
     assert sorted(embedded.load_params(path=path)) == ["decoder", "token_embedder"]

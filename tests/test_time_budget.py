@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_t5x import decoding, models, reports, speculative, theory, time_budget
+from specdec_t5x import decoding, models, speculative, theory
+from specdec_t5x.eval import diagnostics, summary
+from specdec_t5x.timing import clock, loops
 
 SETUP = {"target_setup_ms": 2.0, "draft_setup_ms": 0.5}
 LOOP = {
@@ -17,7 +19,7 @@ LOOP = {
 
 
 def test_compose_adds_every_component_with_the_counted_calls():
-    out = time_budget.compose(
+    out = diagnostics.compose(
         gamma=3,
         num_calls=2,
         baseline_tokens=40,
@@ -42,7 +44,7 @@ def test_compose_adds_every_component_with_the_counted_calls():
 
 def test_compose_refuses_negative_costs_naming_them():
     with pytest.raises(ValueError, match="draft_step_ms"):
-        time_budget.compose(
+        diagnostics.compose(
             gamma=3,
             num_calls=1,
             baseline_tokens=1,
@@ -59,7 +61,7 @@ def test_compose_refuses_negative_costs_naming_them():
 def test_zero_cost_loops_run_the_lengths_measure_loop_ms_assumes(temperature):
     """Constant logits: the baseline draws no EOS for n tokens, the speculative loop accepts all."""
     vocab, eos, n, gamma = 16, 1, 7, 3
-    step = time_budget._constant_step(vocab, eos)
+    step = clock._constant_step(vocab, eos)
     inputs, cache = jnp.zeros((1, 12), jnp.int32), jnp.zeros((), jnp.float32)
     settings = {"temperature": temperature, "topk": 0, "topp": 0.0}
     rng = jax.random.PRNGKey(0)
@@ -82,7 +84,7 @@ def test_zero_cost_loops_run_the_lengths_measure_loop_ms_assumes(temperature):
     )
     assert int(stats.num_generated[0]) == n
     assert int(stats.num_iterations[0]) == -(-n // (gamma + 1))
-    ms = time_budget.measure_loop_ms(1, vocab, 12, gamma, settings, eos, repeats=2)
+    ms = loops.measure_loop_ms(1, vocab, 12, gamma, settings, eos, repeats=2)
     assert set(ms) == set(LOOP) and all(v >= 0 for v in ms.values())
 
 
@@ -99,12 +101,12 @@ def test_per_call_counts_take_the_longest_row_of_each_call():
     )
     eos = 1
     runs = {
-        "baseline": reports.Run(
+        "baseline": summary.Run(
             tokens=[np.array([5, 5, 1, 0]), np.array([5, 1, 0, 0]), np.array([5, 5, 5, 1])]
         ),
-        3: reports.Run(stats=[stats(2, 3), stats(1, 2), stats(3, 4)]),
+        3: summary.Run(stats=[stats(2, 3), stats(1, 2), stats(3, 4)]),
     }
-    counts = time_budget.per_call_counts(runs, 3, eos, [2, 1])
+    counts = diagnostics.per_call_counts(runs, 3, eos, [2, 1])
     assert counts == {"baseline_tokens": 3 + 4, "iterations": 2 + 3, "speculative_tokens": 3 + 4}
 
 
@@ -112,18 +114,18 @@ def test_prediction_at_output_lengths_tends_to_thm_3_8_and_counts_calls():
     alpha, gamma, c, verify = 0.6, 4, 0.15, 1.2
     thm = theory.measured_walltime_improvement(alpha, gamma, c, verify)
     # Long outputs, one row per call: Theorem 3.8 with the measured verify cost.
-    long = reports.predicted_at_output_lengths(
+    long = summary.predicted_at_output_lengths(
         [3000] * 2, [3000] * 2, [1, 1], alpha, gamma, c, verify
     )
     assert long == pytest.approx(thm, rel=2e-3)
     # 8-token outputs: each last block is cut, so fewer tokens per iteration than Eq. 1.
-    short = reports.predicted_at_output_lengths([8] * 4, [8] * 4, [1] * 4, alpha, gamma, c, verify)
+    short = summary.predicted_at_output_lengths([8] * 4, [8] * 4, [1] * 4, alpha, gamma, c, verify)
     expected = 32 / (4 * theory.expected_iterations([8], alpha, gamma)[0] * (gamma * c + verify))
     assert short == pytest.approx(expected) and short < 0.95 * thm
     # Two rows per call: the baseline runs to its longer row, the speculative call to its slower.
-    batched = reports.predicted_at_output_lengths([8, 3], [8, 3], [2], alpha, gamma, c, verify)
+    batched = summary.predicted_at_output_lengths([8, 3], [8, 3], [2], alpha, gamma, c, verify)
     iterations = theory.expected_iterations([[8, 3]], alpha, gamma)[0]
     assert batched == pytest.approx(8 / (iterations * (gamma * c + verify)))
     with pytest.raises(ValueError, match="rows_per_call adds up to 3 rows for 2"):
-        reports.predicted_at_output_lengths([8, 3], [8, 3], [2, 1], alpha, gamma, c, verify)
-    assert reports.group_by_call([5, 6, 7], [2, 1]).tolist() == [[5, 6], [7, 0]]
+        summary.predicted_at_output_lengths([8, 3], [8, 3], [2, 1], alpha, gamma, c, verify)
+    assert summary.group_by_call([5, 6, 7], [2, 1]).tolist() == [[5, 6], [7, 0]]

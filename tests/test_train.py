@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from specdec_t5x import embedded, gin_utils, models, network, train
+from specdec_t5x import embedded, gin_utils, models, network
+from specdec_t5x.data import packing
+from specdec_t5x.training import checkpoints as train_checkpoints
+from specdec_t5x.training import distill, train, validation
 
 
 class DigitVocabulary:
@@ -36,12 +39,12 @@ def copy_pairs(n, seed, vocab=32):
 
 def test_pack_rows_first_fit():
     lengths = np.array([[3, 2], [4, 4], [2, 3]])
-    assert train.pack_rows(lengths, [0, 1, 2], 6, 6) == [[0, 2], [1]]
+    assert packing.pack_rows(lengths, [0, 1, 2], 6, 6) == [[0, 2], [1]]
 
 
 def test_make_batch_matches_docstring():
     examples = [(np.array([5, 1]), np.array([7, 8, 1])), (np.array([6, 1]), np.array([9, 1]))]
-    b = train.make_batch(examples, [[0, 1]], 6, 6)
+    b = packing.make_batch(examples, [[0, 1]], 6, 6)
     np.testing.assert_array_equal(b["encoder_input_tokens"][0], [5, 1, 6, 1, 0, 0])
     np.testing.assert_array_equal(b["encoder_segment_ids"][0], [1, 1, 2, 2, 0, 0])
     np.testing.assert_array_equal(b["encoder_positions"][0], [0, 1, 0, 1, 0, 0])
@@ -56,8 +59,8 @@ def test_packed_logits_equal_unpacked(tiny_target):
     module, params = tiny_target
     model = models.EncoderDecoderModel(module)
     examples = [(np.array([5, 9, 1]), np.array([7, 8, 1])), (np.array([6, 1]), np.array([9, 4, 1]))]
-    packed = train.make_batch(examples, [[0, 1]], 8, 8)
-    single = train.make_batch(examples, [[0], [1]], 8, 8)
+    packed = packing.make_batch(examples, [[0, 1]], 8, 8)
+    single = packing.make_batch(examples, [[0], [1]], 8, 8)
     packed_logits = model.logits(params, packed)[0]  # [8, V]
     single_logits = model.logits(params, single)  # [2, 8, V]
     np.testing.assert_allclose(packed_logits[:3], single_logits[0, :3], atol=1e-5)
@@ -65,13 +68,13 @@ def test_packed_logits_equal_unpacked(tiny_target):
 
 
 def test_packed_batches_resume_replays_stream():
-    examples = train.tokenize(copy_pairs(40, 0), DigitVocabulary(), "", 8, 8, drop_long=True)
-    stream = train.PackedBatches(examples, 4, 16, 16, seed=3)
+    examples = packing.tokenize(copy_pairs(40, 0), DigitVocabulary(), "", 8, 8, drop_long=True)
+    stream = packing.PackedBatches(examples, 4, 16, 16, seed=3)
     for _ in range(5):  # crosses an epoch boundary (40 examples ~ 10 rows)
         next(stream)
     state = stream.state()
     expected = next(stream)
-    resumed = train.PackedBatches(examples, 4, 16, 16, seed=3)
+    resumed = packing.PackedBatches(examples, 4, 16, 16, seed=3)
     resumed.restore(state)
     got = next(resumed)
     for key in expected:
@@ -81,14 +84,14 @@ def test_packed_batches_resume_replays_stream():
 def test_distillation_loss_zero_kl_against_itself(tiny_target):
     module, params = tiny_target
     model = models.EncoderDecoderModel(module)
-    examples = train.tokenize(copy_pairs(6, 1), DigitVocabulary(), "", 8, 8, drop_long=True)
-    batch = train.make_batch(examples, [[0, 1], [2, 3]], 16, 16)
+    examples = packing.tokenize(copy_pairs(6, 1), DigitVocabulary(), "", 8, 8, drop_long=True)
+    batch = packing.make_batch(examples, [[0, 1], [2, 3]], 16, 16)
     p_logits = model.logits(params, batch)
-    loss, m = train.distillation_loss(model, params, p_logits, batch, None, distill_weight=1.0)
+    loss, m = distill.distillation_loss(model, params, p_logits, batch, None, distill_weight=1.0)
     assert abs(float(m["kl"])) < 1e-5 and abs(float(loss)) < 1e-5
     np.testing.assert_allclose(m["alpha"], 1.0, atol=1e-5)  # q = p accepts everything
     ce, _ = model.loss_fn(params, batch, None)
-    _, m = train.distillation_loss(model, params, p_logits, batch, None, distill_weight=0.0)
+    _, m = distill.distillation_loss(model, params, p_logits, batch, None, distill_weight=0.0)
     np.testing.assert_allclose(m["loss"], ce, rtol=1e-5)
 
 
@@ -144,7 +147,9 @@ def test_train_lowers_loss_and_resumes(tmp_path):
     assert (tmp_path / "run" / "test_predictions.jsonl").is_file()
     exported = embedded.load_params(path=tmp_path / "export" / "params.msgpack")
     # A mid-run checkpoint exports to the same file format; the last one equals train's export.
-    path, step = train.export_checkpoint(tmp_path / "run", tmp_path / "ckpt" / "params.msgpack")
+    path, step = train_checkpoints.export_checkpoint(
+        tmp_path / "run", tmp_path / "ckpt" / "params.msgpack"
+    )
     assert step == 60
     from_checkpoint = embedded.load_params(path=path)
     assert jax.tree_util.tree_structure(from_checkpoint) == jax.tree_util.tree_structure(exported)
@@ -153,9 +158,9 @@ def test_train_lowers_loss_and_resumes(tmp_path):
     ):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(FileNotFoundError, match="step 7"):
-        train.export_checkpoint(tmp_path / "run", tmp_path / "x.msgpack", step=7)
+        train_checkpoints.export_checkpoint(tmp_path / "run", tmp_path / "x.msgpack", step=7)
     with pytest.raises(FileNotFoundError, match="no checkpoints"):
-        train.export_checkpoint(tmp_path / "nowhere", tmp_path / "x.msgpack")
+        train_checkpoints.export_checkpoint(tmp_path / "nowhere", tmp_path / "x.msgpack")
 
 
 RUN = ["RUN_DIR = '/tmp/unused'", "NUM_STEPS = 10", "VOCABULARY = None"]  # no seqio import
@@ -198,11 +203,11 @@ def test_shipped_params_fit_their_gin_architectures(clean_gin, task, draft):
 
 
 def test_quality_metric_bleu_or_rouge():
-    assert set(train.quality(["the cat sat"], ["the cat sat"], "bleu")) == {"bleu"}
-    rouge = train.quality(["the cat sat"], ["the cat ran"], "rouge")
+    assert set(validation.quality(["the cat sat"], ["the cat sat"], "bleu")) == {"bleu"}
+    rouge = validation.quality(["the cat sat"], ["the cat ran"], "rouge")
     assert rouge == pytest.approx({"rouge1": 200 / 3, "rouge2": 50.0, "rougeL": 200 / 3})
     with pytest.raises(ValueError, match="'meteor'"):
-        train.quality([], [], "meteor")
+        validation.quality([], [], "meteor")
 
 
 def test_plot_curves_offsets_resumed_runs(tmp_path):

@@ -2,7 +2,7 @@
 
 `python -m specdec_t5x.data.export_tokens --out FILE.npz [--task ddtp_ende --split test
 --num_examples 64 --input_len 64 --target_len 64]` tokenises the first examples of a registered
-seqio task exactly as the eval job does (`eval_inputs.load_examples`: T5 preprocessing, EOS
+seqio task exactly as the eval job does (`inputs_lib.load_examples`: T5 preprocessing, EOS
 appended) and writes:
 
 * `inputs`  int32 [num_examples, input_len]: encoder input ids, zero-padded;
@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from specdec_t5x import eval_inputs, provenance
+from specdec_t5x import inputs as inputs_lib
+from specdec_t5x import provenance
 
 
 def write_tokens(
@@ -44,7 +45,7 @@ def write_tokens(
         raise ValueError(f"{len(inputs)} inputs but {len(targets)} targets.")
 
     def pad(rows, length, name):
-        return eval_inputs.pad_rows(rows, length, truncate=False, name=name)
+        return inputs_lib.pad_rows(rows, length, truncate=False, name=name)
 
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> pathlib.Path:
     from specdec_t5x import vocab  # seqio/TF live in load_examples and vocab, not in the reader
 
     vocabulary = vocab.get_vocabulary()
-    examples, _ = eval_inputs.load_examples(
+    examples, _ = inputs_lib.load_examples(
         args.task, args.split, args.num_examples, args.input_len, args.target_len, vocabulary
     )
     meta = {

@@ -2,7 +2,7 @@
 
 T5X-style flags: `--gin_file` (repeatable; paths or names relative to the repository, e.g.
 `gin/experiments/embedded_ende_model_t0.gin`) and `--gin.KEY=VALUE` bindings (e.g.
-`--gin.NUM_EXAMPLES=20`, `--gin.EVAL_OUTPUT_DIR="'/tmp/out'"`). Runs `evaluation.evaluate` as bound
+`--gin.NUM_EXAMPLES=20`, `--gin.EVAL_OUTPUT_DIR="'/tmp/out'"`). Runs `job.evaluate` as bound
 by `gin/runs/eval.gin`, saves the operative config with the results and prints the table row.
 Several processes (`multihost`): add T5X's `--coordinator_address=HOST:PORT --process_count=N
 --process_index=I` (or `--multiprocess` where `jax.distributed` detects them).
@@ -18,15 +18,8 @@ from collections.abc import Sequence
 
 import gin
 
-from specdec_t5x import (
-    decoding,
-    evaluation,
-    gin_utils,
-    multihost,
-    provenance,
-    reports,
-    speculative,
-)
+from specdec_t5x import decoding, gin_utils, multihost, provenance, speculative
+from specdec_t5x.eval import job, summary
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (imported by seqio) is chatty
 
@@ -36,7 +29,7 @@ def _parameters(fn) -> list[str]:
 
 
 # Every argument of the two samplers is set by the job: GAMMA / TEMPERATURE / TOPK / TOPP / SEED /
-# TARGET_LEN through `evaluation.evaluate`, the rest by the models per call (T5X's keywords) or left
+# TARGET_LEN through `job.evaluate`, the rest by the models per call (T5X's keywords) or left
 # at their defaults for baseline and speculative decoding alike (token verification, no early exit:
 # block verification and early exit are compared by scripts/gamma_control_table.py). A gin binding
 # of any of them would be overridden, or would change one decoder or one row only, so it is an error.
@@ -92,13 +85,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         multihost.initialize(**distributed)  # before any JAX work (gin may load parameters)
     files, bindings = parse_flags(rest)
     parse_config(files, bindings)
-    evaluate = gin.get_configurable(evaluation.evaluate)
+    evaluate = gin.get_configurable(job.evaluate)
     metrics = evaluate(command="python -m specdec_t5x.eval " + " ".join(argv))
     # Written once, after the call: only then does the operative config hold every value used.
     out_dir = gin.query_parameter("%EVAL_OUTPUT_DIR")
     provenance.write_operative_config(out_dir, gin_utils.operative_config())
-    print(reports.TABLE_HEADER)
-    print(reports.table_row(metrics))
+    print(summary.TABLE_HEADER)
+    print(summary.table_row(metrics))
     print(json.dumps({k: metrics[k] for k in ("identical_fraction", "speedup")}))
     if "weight_flips" in metrics:  # CPU_WEIGHT_DTYPE='bfloat16': what the rounding changed
         flips = metrics["weight_flips"]

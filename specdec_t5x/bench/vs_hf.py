@@ -1,6 +1,6 @@
 """Side by side with Hugging Face assisted generation (needs torch + transformers, the [hf] extra).
 
-`scripts/bench_vs_hf.py` runs `compare_with_hf` and writes `reports.hf_comparison_table`.
+`scripts/bench_vs_hf.py` runs `compare_with_hf` and writes `summary.hf_comparison_table`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_t5x import benchmark, eval_inputs, models, reports, steps
+from specdec_t5x import inputs as inputs_lib
+from specdec_t5x import models, steps
+from specdec_t5x.bench import random_pair
+from specdec_t5x.eval import summary
 
 
 def compare_with_hf(
@@ -90,7 +93,7 @@ def compare_with_hf(
     packed, packed_draft = spec_model.pack_params(target_params), draft.pack_params(draft_params)
 
     def batch_of(tokens):
-        return eval_inputs.decode_batch([tokens], enc_len, max_decode_len)
+        return inputs_lib.decode_batch([tokens], enc_len, max_decode_len)
 
     def hf_generate(tokens, assisted: bool):
         ids = torch.tensor(np.asarray(tokens, np.int64)[None])
@@ -133,7 +136,7 @@ def compare_with_hf(
             start = time.perf_counter()
             out = runs[name](example)
             seconds[name] += time.perf_counter() - start
-            tokens[name].append(reports.until_eos(out, eos))
+            tokens[name].append(summary.until_eos(out, eos))
     same = lambda a, b: sum(x == y for x, y in zip(tokens[a], tokens[b], strict=True))
     return {
         **{f"{name}_s": value for name, value in seconds.items()},
@@ -149,6 +152,6 @@ def compare_with_hf(
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "torch_threads": torch.get_num_threads(),
-        "target_params": benchmark.count_params(target_params),
-        "draft_params": benchmark.count_params(draft_params),
+        "target_params": random_pair.count_params(target_params),
+        "draft_params": random_pair.count_params(draft_params),
     }

@@ -9,7 +9,7 @@ iteration, measured walltime speedup and the Theorem 3.8 prediction.
 Timing rules (so ratios mean something):
 * every jitted function is compiled and run once on the evaluation shapes before timing;
 * baseline and speculative run interleaved example by example, in a seeded random order per
-  example (`benchmark.call_order`: who goes first never correlates with the examples);
+  example (`clock.call_order`: who goes first never correlates with the examples);
 * each call ends with `jax.block_until_ready`; seconds are wall-clock (`time.perf_counter`);
 * the whole prediction is timed for both (encoder pass + cache set-up + decode loop).
 
@@ -37,21 +37,11 @@ import numpy as np
 import tqdm
 from absl import logging as absl_logging
 
-from specdec_t5x import (
-    benchmark,
-    cost_curve,
-    cpu_kernel,
-    eval_checks,
-    eval_inputs,
-    gamma_control,
-    models,
-    multihost,
-    provenance,
-    reports,
-    sampling,
-    steps,
-    time_budget,
-)
+from specdec_t5x import auto_gamma, cpu_kernel, models, multihost, provenance, sampling, steps
+from specdec_t5x import inputs as inputs_lib
+from specdec_t5x.eval import checks, summary
+from specdec_t5x.eval import diagnostics as diagnostics_lib
+from specdec_t5x.timing import clock, loops
 
 
 def _timed(fn, *args, compiles=None) -> tuple[Any, float]:
@@ -68,54 +58,6 @@ def _timed(fn, *args, compiles=None) -> tuple[Any, float]:
 
 # ----------------------------------------------------------------------------------------------
 # Step costs: c and the verify-call ratio, measured on the same positions.
-
-
-def measure_step_costs(
-    spec_model: models.SpeculativeEncoderDecoderModel,
-    target_params,
-    draft_params,
-    encoder_input_tokens: np.ndarray,
-    max_decode_len: int,
-    gamma: int,
-    position: int = 8,
-    repeats: int = 30,
-    settings: dict[str, Any] | None = None,
-    loop_sources: Sequence[np.ndarray] | None = None,
-) -> dict[str, Any]:
-    """c and the verify-cost ratio of this run's target and draft, as the decode loops pay them.
-
-    First the step timer (`cost_curve.step_costs`: one cached target step, one draft step, one
-    γ+1 verify step and one speculative iteration's calls at decoder position `position`, each a
-    loop's slope in its length, caches built from `encoder_input_tokens`, int32 [batch, enc_len]).
-    With `settings`, then the real decode loops on the same caches (`cost_curve.loop_costs`: T(1)
-    per baseline token, the verify call and one iteration per speculative iteration, the loops'
-    own work taken off), whose c and verify ratio are the ones reported: the step timer's lone
-    loops miss what the decode loops pay (results/verify_cost/loop_interference.md). The step
-    timer's dict is kept under 'step_timer'.
-
-    Args:
-      settings: {'temperature', 'topk', 'topp'} of the run; None: the step timer alone.
-      loop_sources: the sources the decode loops are timed on, pooled (int32 [batch, enc_len]
-        each, one shape; the run's first batches); None: `encoder_input_tokens` alone.
-
-    Returns:
-      {'target_step_ms', 'draft_step_ms', 'verify_step_ms' (ms), 'c' (the draft's step / the
-      target's step, the paper's c, in the loop), 'verify_cost_ratio' (verify / target step; the
-      paper assumes ~1), 'c_alone', 'interference_ms', ...}: `cost_curve.loop_costs`'s dict, or
-      `cost_curve.step_costs`'s without `settings`.
-    """
-    pair = (spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len, gamma)
-    timer = gamma_control.step_costs(*pair, position=position, repeats=repeats)
-    if settings is None:
-        return timer
-    return cost_curve.loop_costs(
-        *pair[:3],
-        encoder_input_tokens if loop_sources is None else loop_sources,
-        *pair[4:],
-        {k: settings[k] for k in ("temperature", "topk", "topp") if k in settings},
-        timer,
-        repeats=max(3, repeats // 2),
-    )
 
 
 def _pack_draft(draft, draft_params):
@@ -146,11 +88,11 @@ def _speculative_fn(spec_model, decoder_params: dict[str, Any]):
 def _add_auto_row(metrics, runs, choices, headline, quality_args) -> None:
     """Adds the auto-γ row as `metrics['auto']`; an auto headline also replaces the top level.
 
-    The row (`gamma_control.summarise_auto`) has the γ chosen per example (0 = off), the mean
+    The row (`auto_gamma.summarise_auto`) has the γ chosen per example (0 = off), the mean
     prediction of those choices, the measured speed, and the best fixed γ of the same run's sweep.
     """
     base, run = runs["baseline"], runs["auto"]
-    row = gamma_control.summarise_auto(
+    row = auto_gamma.summarise_auto(
         base.seconds,
         run.seconds,
         run.stats,
@@ -167,8 +109,8 @@ def _add_auto_row(metrics, runs, choices, headline, quality_args) -> None:
         best_fixed_speedup=sweep[best]["speedup"],
         auto_over_best_fixed=row["speedup"] / sweep[best]["speedup"],
         # Paired bootstrap over examples (5th, 95th percentiles): the run-to-run spread.
-        speedup_interval=gamma_control.bootstrap_interval(base.seconds, run.seconds),
-        auto_over_best_fixed_interval=gamma_control.bootstrap_interval(
+        speedup_interval=auto_gamma.bootstrap_interval(base.seconds, run.seconds),
+        auto_over_best_fixed_interval=auto_gamma.bootstrap_interval(
             runs[int(best)].seconds, run.seconds
         ),
     )
@@ -180,16 +122,16 @@ def _add_auto_row(metrics, runs, choices, headline, quality_args) -> None:
         predicted = row["predicted_speedup"]
         metrics["measured_over_predicted"] = row["speedup"] / predicted if predicted else None
         seqio_task, vocabulary, examples, eos_id = quality_args
-        metrics["quality"]["speculative"] = reports.quality(
+        metrics["quality"]["speculative"] = summary.quality(
             seqio_task, vocabulary, examples, run.tokens, eos_id
         )
 
 
 class _RunCostCalls:
-    """The extra calls `cost_curve.run_costs` prices the run's steps from, and their timings.
+    """The extra calls `loops.run_costs` prices the run's steps from, and their timings.
 
     Per batch, beside the timed calls: the baseline and the speculative call at γ stopped after 2
-    tokens, and the speculative call with `cost_curve.ZeroCostDraft` in full and stopped after 2
+    tokens, and the speculative call with `loops.ZeroCostDraft` in full and stopped after 2
     tokens. The full baseline and speculative calls are the run's own (`record`).
     """
 
@@ -200,7 +142,7 @@ class _RunCostCalls:
         short = {**settings, "max_decode_steps": self.SHORT}
         free = models.SpeculativeEncoderDecoderModel(
             spec_model.module,
-            cost_curve.ZeroCostDraft(spec_model.module.config.vocab_size, spec_model.eos_id),
+            loops.ZeroCostDraft(spec_model.module.config.vocab_size, spec_model.eos_id),
             spec_model.input_vocabulary,
             spec_model.output_vocabulary,
             cpu_weight_dtype=spec_model.cpu_weight_dtype,
@@ -296,7 +238,7 @@ def evaluate(
       task: registered seqio task name (e.g. 'ddtp_ende', 'wmt_t2t_ende_v003').
       output_dir: where `metrics.json`, `predictions.jsonl`, `table_row.md` and the plot go
         (created; the entry point adds the operative gin config).
-      gamma: γ of the headline row: an int >= 1, or 'auto' (`gamma_control.AutoGammaDecoder`:
+      gamma: γ of the headline row: an int >= 1, or 'auto' (`auto_gamma.AutoGammaDecoder`:
         γ in 0..auto_gamma_max chosen before each call from the measured cost curve and the
         running α; 0 = the baseline alone). An auto headline without fixed `gammas` sweeps
         1..auto_gamma_max too, so the best fixed γ in hindsight is in the same run.
@@ -316,15 +258,15 @@ def evaluate(
       cost_repeats: repeats of the step-cost measurement (and of the auto row's cost curve).
       auto_gamma_max: largest γ the auto row considers.
       measure_time_budget: True (the default): measure where the time goes after the timed runs
-        (`time_budget.eval_time_budget`: set-up, zero-cost loops at two lengths, in-loop
+        (`diagnostics_lib.eval_time_budget`: set-up, zero-cost loops at two lengths, in-loop
         diagnostics; about 8 extra small compiles) into `metrics['time_budget']` and
         `predicted_speedup_measured_costs`. False skips it (those two keys are then absent; the
         timed runs, step costs and every other metric are unchanged). Auto headlines never have it.
       measure_loop_costs: True (the default): c and verify/step as the run's own decode calls pay
-        them (`cost_curve.run_costs`: per batch, beside the timed calls, the baseline and the
+        them (`loops.run_costs`: per batch, beside the timed calls, the baseline and the
         speculative call stopped after 2 tokens and the speculative call with a zero-cost draft,
         4 extra compiles); False: from the step
-        timer's stand-alone loops alone (`cost_curve.step_costs`), which price the verify call and
+        timer's stand-alone loops alone (`step_timer.step_costs`), which price the verify call and
         the draft below what the decode loops pay (results/verify_cost/loop_interference.md).
       command: the command line written with the results (default: `sys.argv`).
 
@@ -367,7 +309,7 @@ def evaluate(
         )
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size (gin: BATCH_SIZE) must be an int >= 1; got {batch_size!r}.")
-    # num_examples is checked by eval_inputs.load_examples (before the output folder is made).
+    # num_examples is checked by inputs_lib.load_examples (before the output folder is made).
     auto = "auto" in requested
     gammas = sorted({g for g in requested if g != "auto"})
     if gamma == "auto" and not gammas:
@@ -384,7 +326,7 @@ def evaluate(
     target_params = spec_model.pack_params(target_params)  # CPU_WEIGHT_DTYPE (narrows panels)
     draft_params = _pack_draft(spec_model.draft, draft_params)
     vocabulary = spec_model.output_vocabulary
-    examples, seqio_task = eval_inputs.load_examples(
+    examples, seqio_task = inputs_lib.load_examples(
         task, split, num_examples, input_len, target_len, vocabulary
     )
     out_dir = pathlib.Path(output_dir)  # made once the inputs load (a bad task leaves no folder)
@@ -405,7 +347,7 @@ def evaluate(
         cost_calls = _RunCostCalls(spec_model, baseline, settings, costs_gamma)
     auto_decoder = None
     if auto:
-        auto_decoder = gamma_control.AutoGammaDecoder(
+        auto_decoder = auto_gamma.AutoGammaDecoder(
             spec_model,
             target_params,
             draft_params,
@@ -413,7 +355,7 @@ def evaluate(
             gamma_max=auto_gamma_max,
             cost_repeats=cost_repeats,
         )
-    batches = eval_inputs.example_batches(examples, batch_size, input_len, target_len)
+    batches = inputs_lib.example_batches(examples, batch_size, input_len, target_len)
 
     # Compile and warm up every function on the evaluation shapes (excluded from timing).
     # With encoder length buckets, once per bucket: each branch's first run is slow.
@@ -431,7 +373,7 @@ def evaluate(
     choices = []  # auto row: (γ chosen, its predicted speedup) per example
 
     keys = ["baseline", *gammas, *(["auto"] if auto else [])]
-    runs = {key: reports.Run() for key in keys}
+    runs = {key: summary.Run() for key in keys}
     keys += [] if cost_calls is None else list(cost_calls.fns)  # beside them, in the same order
     compiles = _CompileCounter()
     jax.monitoring.register_event_duration_secs_listener(compiles)
@@ -442,7 +384,7 @@ def evaluate(
     ):  # all batches with one process; batch i -> process i mod P with several
         n, batch = batches[i]
         rng = jax.random.fold_in(rng0, i)
-        for key in benchmark.call_order(keys, i, seed):  # seeded random order per batch
+        for key in clock.call_order(keys, i, seed):  # seeded random order per batch
             if cost_calls is not None and key in cost_calls.fns:
                 cost_calls.time(key, target_params, draft_params, batch, rng, compiles)
                 continue
@@ -483,7 +425,7 @@ def evaluate(
     choices = multihost.gather_runs(runs, [n for n, _ in batches], batch_size, extra).get(
         "choices", choices
     )
-    costs = measure_step_costs(
+    costs = loops.measure_step_costs(
         spec_model,
         target_params,
         draft_params,
@@ -492,9 +434,9 @@ def evaluate(
         costs_gamma,
         repeats=cost_repeats,
     )
-    work = None  # the decode loops' own work (`time_budget.measure_loop_ms`), measured once
+    work = None  # the decode loops' own work (`loops.measure_loop_ms`), measured once
     if cost_calls is not None:  # c and verify/step from the run's own calls (`run_costs`)
-        work = time_budget.measure_loop_ms(
+        work = loops.measure_loop_ms(
             batch_size,
             spec_model.module.config.vocab_size,
             target_len,
@@ -504,10 +446,10 @@ def evaluate(
             cost_repeats,
         )
         try:
-            costs = cost_curve.run_costs(*cost_calls.measured(), costs_gamma, work, costs)
+            costs = loops.run_costs(*cost_calls.measured(), costs_gamma, work, costs)
         except ValueError as err:  # every output within 2 tokens or one iteration
             absl_logging.warning("%s; c and verify/step from the decode loops instead.", err)
-            costs = cost_curve.loop_costs(
+            costs = loops.loop_costs(
                 spec_model,
                 target_params,
                 draft_params,
@@ -519,7 +461,7 @@ def evaluate(
                 repeats=max(3, cost_repeats // 2),
             )
     headline = gammas[0] if gamma == "auto" else gamma
-    metrics = reports.summarise(
+    metrics = summary.summarise(
         runs,
         gammas,
         headline,
@@ -534,7 +476,7 @@ def evaluate(
     if (
         gamma != "auto" and measure_time_budget
     ):  # where the time goes: component costs composed (`time_budget`)
-        budget = time_budget.eval_time_budget(
+        budget = diagnostics_lib.eval_time_budget(
             spec_model,
             target_params,
             draft_params,
@@ -557,14 +499,14 @@ def evaluate(
         metrics["auto"]["cost_curve"] = auto_decoder.controller.curve.to_dict()
         # Per call, in order: γ, why it was chosen, its prediction, wall ms, tokens, iterations.
         metrics["auto"]["calls"] = auto_decoder.controller.history
-    inputs = eval_inputs.pad_rows([e["inputs"] for e in examples], input_len)
+    inputs = inputs_lib.pad_rows([e["inputs"] for e in examples], input_len)
     near_ties = []
     if sampling_settings.greedy:
-        near_ties = eval_checks.near_ties(
+        near_ties = checks.near_ties(
             spec_model.module, target_params, inputs, runs["baseline"].tokens, runs[gamma].tokens
         )
     if reference_params is not None:
-        metrics["weight_flips"] = eval_checks.weight_flips(
+        metrics["weight_flips"] = checks.weight_flips(
             spec_model.module,
             settings,
             reference_params,
@@ -592,7 +534,7 @@ def evaluate(
     metrics.update(provenance.record(command or " ".join(sys.argv)))
     metrics["hardware"] = provenance.hardware_description(metrics["hardware"])  # one line
     if jax.process_index() == 0:
-        reports.write_eval_outputs(
+        summary.write_eval_outputs(
             out_dir, metrics, runs, gammas, gamma, examples, vocabulary, eos_id
         )
     return metrics

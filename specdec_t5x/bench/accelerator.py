@@ -18,7 +18,7 @@ Measures (written to `DIR/<device>.json` and a Table-2-shaped `DIR/<device>.md`)
     call), interleaved rounds, medians.
 (b) end to end on real DDTP inputs (`data/export_tokens` file, batch 1): baseline (target alone)
     vs speculative (XXL target + small draft) at T = 0 and 1, timed example by example in
-    a seeded random order (`benchmark.call_order`); γ from the cost model E(α, γ) / (γ c + T(γ+1)/T(1)) with α from a pilot γ
+    a seeded random order (`clock.call_order`); γ from the cost model E(α, γ) / (γ c + T(γ+1)/T(1)) with α from a pilot γ
     and the measured c and T(k); at T = 0 also a small γ sweep.
 (c) the XXL one-token step against the weight-streaming floor (bytes read by one decoder step:
     decoder parameters except the cross-attention key/value kernels, plus the KV caches, divided by
@@ -46,8 +46,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x import accelerator_measure as measure
-from specdec_t5x import benchmark, embedded, network, provenance, steps, widen
+from specdec_t5x import embedded, network, provenance, steps, widen
+from specdec_t5x.bench import accelerator_measure as measure
+from specdec_t5x.bench import random_pair
 from specdec_t5x.data import export_tokens
 
 TOKENS_FILE = pathlib.Path(__file__).resolve().parents[1] / "results/accelerator/ddtp_tokens.npz"
@@ -214,12 +215,12 @@ def run_benchmark(
         "tokens_file": {"path": str(tokens_file), **data["meta"]},
         "target": {
             "name": target_name,
-            "params": benchmark.count_params(tparams),
+            "params": random_pair.count_params(tparams),
             "param_bytes": param_bytes(tparams),
-            "config": benchmark.config_dict(tcfg),
+            "config": random_pair.config_dict(tcfg),
         },
         "drafts": {
-            n: {"params": benchmark.count_params(p), "config": benchmark.config_dict(c)}
+            n: {"params": random_pair.count_params(p), "config": random_pair.config_dict(c)}
             for n, (c, p) in loaded.items()
             if n != "target"
         },

@@ -11,10 +11,10 @@ Random weights (timing does not depend on their values), batch 1, encoder length
   cache updates, no per-call dispatch: how the samplers run). The step's tokens depend on the carry
   and the full logits are consumed, so XLA can neither hoist nor slice away any work.
 * `single`: one jitted step call returning only the logits: adds Python dispatch and thread
-  hand-off to every call (why `benchmark.time_decoder_steps` times steps inside a loop).
+  hand-off to every call (why `step_timer.time_decoder_steps` times steps inside a loop).
 * `single_cache`: one jitted step call that also returns the updated cache (copies it).
 
-Calls are interleaved in rotating order (`benchmark.time_interleaved`); each round's time is divided
+Calls are interleaved in rotating order (`clock.time_interleaved`); each round's time is divided
 by the same round's k = 1 time (same model, variant, mode), and the medians of those per-round ratios
 are reported (more robust than a ratio of medians when other jobs load the machine). Variants, all
 timed in one process: `xla` = XLA's jnp.dot (SPECDEC_CPU_KERNEL=0; `default` is its earlier name);
@@ -55,7 +55,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, cpu_kernel, models, network, provenance, xla_profile
+from specdec_t5x import cpu_kernel, models, network, provenance
+from specdec_t5x.bench import xla_profile
+from specdec_t5x.timing import clock, step_timer
 
 # variant -> (CPU weight dtype of the packed decoder, None = XLA's jnp.dot; XLA compiler options)
 VARIANTS = {
@@ -176,7 +178,7 @@ def build(name: str, s: Settings, network=network):
 def make_fn(module, mode: str, loop_steps: int, compiler_options=None):
     """jitted (params, enc, cache, tokens [1, k], positions [1]) -> something to block on."""
 
-    step = benchmark.decoder_step(module)
+    step = step_timer.decoder_step(module)
 
     if mode == "loop":
 
@@ -243,8 +245,8 @@ def measure(name: str, ks: Sequence[int], variants, modes, s: Settings) -> dict[
                     jax.block_until_ready(thunk())  # traces (and compiles) under that setting
                 calls[(variant, mode, k)] = thunk
                 steps[(variant, mode, k)] = s.loop_steps if mode == "loop" else 1
-    with benchmark.paused(s.pause_pid_file):
-        times = benchmark.time_interleaved(calls, s.rounds, warmup=1)
+    with clock.paused(s.pause_pid_file):
+        times = clock.time_interleaved(calls, s.rounds, warmup=1)
     times = {key: np.asarray(t) / 1e3 / steps[key] for key, t in times.items()}  # s per step
     out = {}
     for (variant, mode, k), t in times.items():
@@ -352,7 +354,7 @@ def run(
         shapes = [
             (MODELS[n]["emb_dim"], MODELS[n][o]) for n in names for o in ("mlp_dim", "vocab_size")
         ]
-        with benchmark.paused(s.pause_pid_file):
+        with clock.paused(s.pause_pid_file):
             result["dots"] = xla_profile.dot_curves(
                 shapes, max(5, s.rounds // 3), hot=dots_hot, stream_mib=dots_stream_mib
             )

@@ -2,7 +2,7 @@
 
 (a) `step_costs`: T(k) of the target's cached decoder call and each draft's one-token step,
     timed inside a `fori_loop` (`steps_per_call` steps per call) in interleaved rounds
-    (`benchmark.time_interleaved`), medians.
+    (`clock.time_interleaved`), medians.
 (c) `copy_bandwidth`, `decoder_step_bytes`, `logits_layer_cost`: the weight-streaming floor of one
     decoder step and the cost of T5's 32128-way logits layer against our 8192-way one.
 (b) `end_to_end`: baseline vs speculative decoding on real inputs at T = 0 and 1, γ from the cost
@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, drafts, models, network, steps, theory
+from specdec_t5x import drafts, models, network, steps, theory
+from specdec_t5x.timing import clock, step_timer
 
 T5_VOCAB = 32128  # T5's SentencePiece vocabulary, rounded up to a multiple of 128
 
@@ -66,7 +67,7 @@ def step_costs(models_, enc_tokens, s, budget) -> dict[str, Any]:
             cache = jax.jit(lambda p, e, m=module: steps.prepare_cache(m, p, e, max_len))(
                 params, enc
             )
-            fn = benchmark.looped_steps(benchmark.decoder_step(module), s["steps_per_call"])
+            fn = clock.looped_steps(step_timer.decoder_step(module), s["steps_per_call"])
             for k in s["ks"] if name == "target" else (1,):
                 key = f"{name}_k{k}"
                 caches[key] = jax.tree_util.tree_map(jnp.copy, cache)
@@ -75,7 +76,7 @@ def step_costs(models_, enc_tokens, s, budget) -> dict[str, Any]:
                 calls[key] = functools.partial(
                     _chained_call, fn, params, enc, tokens, pos, caches, key
                 )
-        samples = benchmark.time_interleaved(calls, s["repeats"], warmup=1)
+        samples = clock.time_interleaved(calls, s["repeats"], warmup=1)
         ms = {k: statistics.median(v) / s["steps_per_call"] for k, v in samples.items()}
         t1 = ms["target_k1"]
         out[str(batch)] = {
@@ -97,7 +98,7 @@ def copy_bandwidth(mib: int, repeats: int) -> float:
     and writes it once: 2 * bytes moved per call)."""
     x = jnp.ones((mib * 2**20 // 2,), jnp.bfloat16)
     fn = jax.jit(lambda x: x + 1)
-    samples = benchmark.time_interleaved({"copy": lambda: fn(x)}, repeats, warmup=2)["copy"]
+    samples = clock.time_interleaved({"copy": lambda: fn(x)}, repeats, warmup=2)["copy"]
     return 2 * x.nbytes / (statistics.median(samples) / 1e3) / 1e9
 
 
@@ -134,7 +135,7 @@ def logits_layer_cost(emb_dim: int, batch: int, s) -> dict[str, float]:
 
         fn, x = jax.jit(run), jnp.ones((batch, 1, emb_dim), jnp.bfloat16)
         calls[str(vocab)] = lambda fn=fn, x=x, w=w: fn(x, w)
-    samples = benchmark.time_interleaved(calls, s["repeats"], warmup=1)
+    samples = clock.time_interleaved(calls, s["repeats"], warmup=1)
     for vocab, values in samples.items():
         out[f"logits_{vocab}_ms"] = statistics.median(values) / s["steps_per_call"]
     out["t5_vocab_extra_ms"] = out[f"logits_{T5_VOCAB}_ms"] - out["logits_8192_ms"]
@@ -235,7 +236,7 @@ def end_to_end(target, draft, tokens, s, costs, budget) -> dict[str, Any]:
         stats = {k: [] for k in fns}
         for i, batch in enumerate(batches):
             rng = jax.random.PRNGKey(i)
-            order = benchmark.call_order(list(fns), i)
+            order = clock.call_order(list(fns), i)
             for key in order:
                 start = time.perf_counter()
                 out, st = jax.block_until_ready(call(fns[key], key, batch, rng))

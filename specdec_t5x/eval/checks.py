@@ -1,7 +1,7 @@
 """The eval job's self-checks in argmax mode (temperature 0), where tokens must agree exactly.
 
 * `near_ties`: each example whose speculative tokens differ from the baseline's gets a near-tie
-  report (`reports.near_tie_report`: first differing position, the target's top-2 logit gap there).
+  report (`summary.near_tie_report`: first differing position, the target's top-2 logit gap there).
   Speculative decoding in argmax mode returns the target's greedy tokens (Leviathan et al., 2022,
   §2.3), so a difference can only come from floating-point near ties between two numerically
   different but equivalent computations (one k-token verify call vs k one-token calls).
@@ -22,13 +22,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import models, reports
+from specdec_t5x import models
+from specdec_t5x.eval import summary
 
 
 def near_ties(
     module, target_params, inputs: np.ndarray, baseline_tokens: Sequence, speculative_tokens
 ) -> list[dict[str, Any]]:
-    """`{'example': index, **reports.near_tie_report(...)}` per example whose tokens differ.
+    """`{'example': index, **summary.near_tie_report(...)}` per example whose tokens differ.
 
     Args:
       module: the target network; target_params: its parameters (raw or packed).
@@ -36,7 +37,7 @@ def near_ties(
       baseline_tokens, speculative_tokens: int32 [max_decode_len] decodes per example.
     """
     return [
-        {"example": idx, **reports.near_tie_report(module, target_params, inputs[idx], b, s)}
+        {"example": idx, **summary.near_tie_report(module, target_params, inputs[idx], b, s)}
         for idx, (b, s) in enumerate(zip(baseline_tokens, speculative_tokens, strict=True))
         if not np.array_equal(b, s)
     ]
@@ -53,7 +54,7 @@ def weight_flips(module, settings, float32_params, bfloat16_params, batches, tok
 
     Returns:
       {'identical_fraction_vs_float32', 'num_flipped', 'max_float32_logit_gap', 'flips': one
-      `reports.weight_flip_report` per differing example, with its index}.
+      `summary.weight_flip_report` per differing example, with its index}.
     """
     float32_model = models.EncoderDecoderModel(module, cpu_weight_dtype="float32")
     base_fn = jax.jit(
@@ -66,7 +67,7 @@ def weight_flips(module, settings, float32_params, bfloat16_params, batches, tok
     flips = [
         {
             "example": idx,
-            **reports.weight_flip_report(
+            **summary.weight_flip_report(
                 module, float32_params, bfloat16_params, inputs[idx], a, b
             ),
         }
@@ -97,7 +98,7 @@ def greedy_flip_report(spec_model, target_params, gamma: int, examples, input_le
     """Greedy baseline vs greedy speculative decodes of `examples` in one batch, and what differs.
 
     Used with bfloat16 activations (`scripts/bf16_near_ties.py`): each differing example gets a
-    `reports.near_tie_report` plus the bfloat16 spacing at the top logit there.
+    `summary.near_tie_report` plus the bfloat16 spacing at the top logit there.
 
     Args:
       spec_model: `models.SpeculativeEncoderDecoderModel` (its draft's own params are used).
@@ -122,7 +123,7 @@ def greedy_flip_report(spec_model, target_params, gamma: int, examples, input_le
     baseline, spec = np.asarray(baseline), np.asarray(spec)
     flips = []
     for i in np.flatnonzero((baseline != spec).any(-1)):
-        report = reports.near_tie_report(
+        report = summary.near_tie_report(
             spec_model.module, target_params, enc[i], baseline[i], spec[i]
         )
         logits = spec_model.module.apply(

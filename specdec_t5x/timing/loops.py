@@ -1,27 +1,7 @@
-"""The measured cost curve of a model pair: T(k), the draft step, the loop work and set-up, in ms.
-
-The paper picks γ by maximising Theorem 3.8 for a known α and c (§3.3). Here every term is measured
-on this machine, for this model pair and these shapes, once (cached), in the same in-loop timing as
-the eval job's step costs (`benchmark.time_decoder_steps`):
-
-* T(k): the target's cached call on k = 1..γmax + 1 tokens (the verify call of γ = k - 1);
-* the draft's one-token step;
-* the decode loops' own work (`time_budget.measure_loop_ms`: the real loops with zero-cost models):
-  s_1 per baseline token and o(γ) per speculative iteration (sampling or argmax, the acceptance
-  test, buffer and statistics updates, loop bookkeeping), plus a fixed part per call;
-* the per-call set-up (`time_budget.measure_setup_ms`): the target's encoder pass and cache
-  (both decoders) and the draft's (speculative only).
-
-With u = T(1) + s_1, the baseline's cost per token, the steady-state speedup of γ (long outputs)
-is `theory.measured_walltime_improvement(α, γ, c = draft/u, T(γ + 1)/u, o(γ)/u)`; for calls of
-L tokens the set-up and fixed parts are added to both sides (`CostCurve.predicted_speedup` with
-`tokens_per_call`), which matters when outputs are short and inputs long (summarization: a ~10-token
-synopsis of a 256-token description). `gamma_control` chooses γ from it.
-"""
+"""TODO docstring."""
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,268 +10,128 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import (
-    benchmark,
-    decoding,
-    drafts,
-    models,
-    speculative,
-    steps,
-    theory,
-    time_budget,
-)
+from specdec_t5x import decoding, drafts, models, speculative, steps
+from specdec_t5x.timing import clock, step_timer
 
 Array = jax.Array
 
 
-@dataclasses.dataclass(frozen=True)
-class CostCurve:
-    """Measured costs of one model pair at one shape (milliseconds, medians).
-
-    Attributes:
-      block_step_ms: {k: T(k)} the target's cached call on k tokens, k = 1..gamma_max + 1.
-      draft_step_ms: the draft's one-token cached call.
-      baseline_sampling_ms: s_1, the baseline loop's own work per token (sampling, bookkeeping).
-      sampling_ms: {γ: o(γ)} the speculative loop's own work per iteration, γ = 1..gamma_max.
-      target_setup_ms, draft_setup_ms: encoder pass + cache set-up per call (0: not measured).
-      baseline_fixed_ms: the baseline loop's fixed work per call.
-      speculative_fixed_ms: {γ: the speculative loop's fixed work per call} (missing: 0).
-      call_scale: {γ: measured / modelled wall time of real decode calls of γ} (0: the baseline;
-        missing: 1), from `calibrated`. The component model composes costs timed in isolation;
-        in the real loops the extra draft steps of γ >= 2 cost more than their isolated time
-        (measured / predicted fell from ~1.0 at γ = 1 to ~0.9 at γ = 2 and ~0.8 at γ = 5 in every
-        Table-2 row of session 7), which made the model prefer γ = 2 where γ = 1 was faster.
-      interference_ms: what one iteration's model calls cost beyond γ lone draft steps and the
-        verify call (`benchmark.time_decoder_steps`: the draft reloaded into the CPU's caches
-        after each verify call), once per iteration (0: not measured).
-    """
-
-    block_step_ms: Mapping[int, float]
-    draft_step_ms: float
-    baseline_sampling_ms: float
-    sampling_ms: Mapping[int, float]
-    target_setup_ms: float = 0.0
-    draft_setup_ms: float = 0.0
-    baseline_fixed_ms: float = 0.0
-    speculative_fixed_ms: Mapping[int, float] = dataclasses.field(default_factory=dict)
-    call_scale: Mapping[int, float] = dataclasses.field(default_factory=dict)
-    interference_ms: float = 0.0
-
-    @property
-    def gamma_max(self) -> int:
-        return max(self.sampling_ms)
-
-    @property
-    def unit_ms(self) -> float:
-        """u = T(1) + s_1: the baseline's cost per token."""
-        return self.block_step_ms[1] + self.baseline_sampling_ms
-
-    @property
-    def c(self) -> float:
-        """Draft step / u (the paper's c, against the baseline's per-token cost)."""
-        return self.draft_step_ms / self.unit_ms
-
-    def iteration_ms(self, gamma: int) -> float:
-        """One speculative iteration of γ >= 1: γ draft steps + interference + T(γ + 1) + o(γ), ms."""
-        return (
-            gamma * self.draft_step_ms
-            + max(self.interference_ms, 0.0)
-            + self.block_step_ms[gamma + 1]
-            + self.sampling_ms[gamma]
-        )
-
-    def baseline_call_ms(self, tokens: float) -> float:
-        """Modelled wall ms of one baseline call whose longest row generates `tokens` tokens."""
-        scale = self.call_scale.get(0, 1.0)
-        return scale * (self.target_setup_ms + self.baseline_fixed_ms + tokens * self.unit_ms)
-
-    def speculative_call_ms(self, gamma: int, iterations: float) -> float:
-        """Modelled wall ms of one speculative call of γ >= 1 running `iterations` iterations."""
-        fixed = (
-            self.target_setup_ms + self.draft_setup_ms + self.speculative_fixed_ms.get(gamma, 0.0)
-        )
-        return self.call_scale.get(gamma, 1.0) * (fixed + iterations * self.iteration_ms(gamma))
-
-    def predicted_speedup(
-        self, alpha: float, gamma: int, tokens_per_call: float | None = None
-    ) -> float:
-        """Predicted speedup of γ (0..gamma_max) at α; 1.0 for γ = 0.
-
-        Args:
-          alpha: acceptance rate in [0, 1].
-          gamma: γ.
-          tokens_per_call: None for the steady state (long outputs:
-            `theory.measured_walltime_improvement` with these costs); else the tokens a call
-            generates (its longest row), so the per-call set-up and fixed work count on both
-            sides and the iterations are tokens / E(α, γ) (Eq. 1).
-        """
-        if gamma == 0:
-            return 1.0
-        if tokens_per_call is None:
-            scale = self.call_scale.get(0, 1.0) / self.call_scale.get(gamma, 1.0)
-            return scale * float(
-                theory.measured_walltime_improvement(
-                    alpha,
-                    gamma,
-                    self.c,
-                    self.block_step_ms[gamma + 1] / self.unit_ms,
-                    (self.sampling_ms[gamma] + max(self.interference_ms, 0.0)) / self.unit_ms,
-                )
-            )
-        per_iteration = theory.expected_tokens_per_iteration(min(alpha, 1.0 - 1e-9), gamma)
-        iterations = tokens_per_call / float(per_iteration)
-        return self.baseline_call_ms(tokens_per_call) / self.speculative_call_ms(gamma, iterations)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "block_step_ms": {str(k): v for k, v in self.block_step_ms.items()},
-            "draft_step_ms": self.draft_step_ms,
-            "baseline_sampling_ms": self.baseline_sampling_ms,
-            "sampling_ms": {str(k): v for k, v in self.sampling_ms.items()},
-            "target_setup_ms": self.target_setup_ms,
-            "draft_setup_ms": self.draft_setup_ms,
-            "baseline_fixed_ms": self.baseline_fixed_ms,
-            "speculative_fixed_ms": {str(k): v for k, v in self.speculative_fixed_ms.items()},
-            "call_scale": {str(k): v for k, v in self.call_scale.items()},
-            "interference_ms": self.interference_ms,
-            "c": self.c,
-        }
-
-
-def calibrated(curve: CostCurve, calls: Mapping[int, Any]) -> CostCurve:
-    """`curve` with `call_scale` from timed real decode calls.
-
-    γ = 0 (the baseline): the median of measured / modelled over its calls. γ >= 1: the medians of
-    each γ's calls, smoothed by a least-squares line in γ through them when three or more γ were
-    timed (with two the line passes through both). The model's error changes steadily with γ
-    (session 7: measured / modelled fell from ~1.0 at γ = 1 to ~0.8 at γ = 5 in every Table-2
-    row), while a few calls of one example scatter each γ's median by ~5 % on this CPU: the line
-    keeps the trend and averages the scatter (session 9, Table 2 En→De at T = 1: per-γ medians
-    made γ = 4 look 7 % cheaper than γ = 2, auto kept γ = 4 and ran 0.93× the best fixed γ).
-
-    Args:
-      curve: the composed `CostCurve`.
-      calls: {γ: [(wall seconds, longest row's tokens, counted iterations or None), ...]} (γ = 0:
-        the baseline; iterations required for γ >= 1), e.g. a few interleaved rounds of each
-        γ's real decode on the first batch (`gamma_control.AutoGammaDecoder`).
-
-    Raises:
-      ValueError: a γ outside 0..gamma_max, no calls for a γ, or a call without what its model
-        needs (tokens >= 1; iterations >= 1 for γ >= 1).
-    """
-    scale = dict(curve.call_scale)
-    base = dataclasses.replace(curve, call_scale={})  # the composed model, unscaled
-    for gamma, timed in calls.items():
-        if gamma not in range(curve.gamma_max + 1) or not timed:
-            raise ValueError(
-                f"calibration calls must be non-empty for γ in 0..{curve.gamma_max}; got γ = "
-                f"{gamma!r} with {len(timed) if timed else 0} calls."
-            )
-        ratios = []
-        for seconds, tokens, iterations in timed:
-            if tokens < 1 or (gamma > 0 and (iterations is None or iterations < 1)):
-                raise ValueError(
-                    f"a calibration call of γ = {gamma} needs tokens >= 1 and, for γ >= 1, "
-                    f"iterations >= 1; got tokens={tokens!r}, iterations={iterations!r}."
-                )
-            model = (
-                base.baseline_call_ms(tokens)
-                if gamma == 0
-                else base.speculative_call_ms(gamma, iterations)
-            )
-            ratios.append(1e3 * seconds / model)
-        scale[gamma] = float(statistics.median(ratios))
-    drafting = sorted(g for g in calls if g > 0)
-    if len(drafting) >= 3:
-        slope, intercept = np.polyfit(drafting, [scale[g] for g in drafting], 1)
-        for g in drafting:
-            scale[g] = float(intercept + slope * g)
-    return dataclasses.replace(curve, call_scale=scale)
-
-
-def _packed(spec_model, target_params, draft_params):
-    """(target params, draft params) packed for the CPU kernel (no-op when off or packed)."""
-    weight_dtype = getattr(spec_model, "cpu_weight_dtype", "float32")
-    target_params = steps.pack_params(spec_model.module, target_params, weight_dtype)
-    draft = spec_model.draft
-    if hasattr(draft, "pack_params"):
-        draft_params = draft.pack_params(draft_params)
-    return target_params, draft_params
-
-
-def _caches(spec_model, target_params, draft_params, enc, max_decode_len):
-    """(target cache, draft cache) of packed parameters for int32 [batch, enc_len] sources."""
-    module, draft = spec_model.module, spec_model.draft
-    target_cache = jax.jit(lambda tp, e: steps.prepare_cache(module, tp, e, max_decode_len))(
-        target_params, enc
-    )
-    encoded = None
-    if getattr(draft, "shares_target_encoder", False):  # its cache reads the target's encoding
-        encoded = jax.jit(lambda tp, e: steps.encode(module, tp, e))(target_params, enc)
-    draft_cache = jax.jit(lambda dp, e, x: draft.init_cache(dp, e, max_decode_len, x))(
-        draft_params, enc, encoded
-    )
-    return target_cache, draft_cache
-
-
-def _prepared(spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len):
-    """(enc, packed target params, packed draft params, target cache, draft cache), built once."""
-    enc = jnp.asarray(encoder_input_tokens)
-    # Packed once here for the CPU kernel (no-op when off): the steps run in the timed loops.
-    target_params, draft_params = _packed(spec_model, target_params, draft_params)
-    target_cache, draft_cache = _caches(
-        spec_model, target_params, draft_params, enc, max_decode_len
-    )
-    return enc, target_params, draft_params, target_cache, draft_cache
-
-
-def step_costs(
+def measure_setup_ms(
     spec_model,
     target_params,
     draft_params,
     encoder_input_tokens: Array,
     max_decode_len: int,
-    gamma: int,
-    *,
-    position: int = 8,
-    repeats: int = 30,
-    block_sizes=(),
+    repeats: int = 20,
+    sources: Sequence[Array] | None = None,
 ) -> dict[str, Any]:
-    """c, the verify-cost ratio and T(k) of a model pair, on caches built once (not timed).
+    """Medians (ms) of the target's and the draft's encoder pass + cache set-up, one call each.
 
-    One cached target step, one draft step, one γ + 1 verify step and one target call per k in
-    `block_sizes`, at decoder position `position`, caches built from `encoder_input_tokens` (int32
-    [batch, enc_len]); timed by `benchmark.time_decoder_steps`.
+    On the CPU inference path the set-up runs at the sources' length bucket (`steps.bucketed`),
+    so its cost depends on the call's inputs: with `sources` (every call's inputs of a run), one
+    call per bucket is timed and the result is the mean over the run's calls.
+
+    Args:
+      spec_model: `models.SpeculativeEncoderDecoderModel` (its `decoder_state`, `draft.prepare`;
+        a draft sharing the target's encoder is timed from the target's encoder output).
+      target_params, draft_params: as the timed decoders get them (step_timer.packed).
+      encoder_input_tokens: int32 [batch, enc_len] (timed when `sources` is None).
+      max_decode_len: cache length.
+      repeats: interleaved timed rounds (`clock.time_interleaved`).
+      sources: optional int32 [batch, enc_len] inputs of each call of the run.
 
     Returns:
-      `benchmark.time_decoder_steps`'s dict (`c`, `verify_cost_ratio`, `*_step_ms`,
-      `block_step_ms`).
+      {'target_setup_ms', 'draft_setup_ms'} per call (whole batch; the mean over `sources`), and
+      'by_length': {encoder length: {'target_setup_ms', 'draft_setup_ms', 'calls'}}.
     """
-    enc, target_params, draft_params, target_cache, draft_cache = _prepared(
-        spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len
+    sources = [encoder_input_tokens] if sources is None else list(sources)
+    if not sources:
+        raise ValueError("sources must hold at least one int32 [batch, enc_len] input.")
+    by_length: dict[int, list[Array]] = {}
+    for enc in sources:
+        by_length.setdefault(steps.setup_length(target_params, enc), []).append(enc)
+    target = jax.jit(lambda tp, e: spec_model.decoder_state(tp, e, max_decode_len)[0])
+    shares = getattr(spec_model.draft, "shares_target_encoder", False)
+    if shares:
+        # The draft's set-up is its cache from the target's encoder output (computed anyway).
+        encode = jax.jit(lambda tp, e: steps.encode(spec_model.module, tp, e))
+        draft = jax.jit(lambda dp, e, x: spec_model.draft.prepare(dp, e, max_decode_len, x)[0])
+    else:
+        draft = jax.jit(lambda dp, e: spec_model.draft.prepare(dp, e, max_decode_len)[0])
+    calls = {}
+    for length, encs in by_length.items():
+        enc = jnp.asarray(encs[0])
+        calls[("target", length)] = lambda e=enc: target(target_params, e)
+        if shares:
+            x = encode(target_params, enc)
+            calls[("draft", length)] = lambda e=enc, x=x: draft(draft_params, e, x)
+        else:
+            calls[("draft", length)] = lambda e=enc: draft(draft_params, e)
+    samples = clock.time_interleaved(calls, repeats)
+    out: dict[str, Any] = {"by_length": {}}
+    for k in ("target", "draft"):
+        total = 0.0
+        for length, encs in by_length.items():
+            ms = statistics.median(samples[(k, length)])
+            row = out["by_length"].setdefault(length, {"calls": len(encs)})
+            row[f"{k}_setup_ms"] = ms
+            total += ms * len(encs)
+        out[f"{k}_setup_ms"] = total / len(sources)
+    return out
+
+
+def measure_loop_ms(
+    batch: int,
+    vocab: int,
+    max_decode_len: int,
+    gamma: int,
+    settings: Mapping[str, Any],
+    eos_id: int,
+    repeats: int = 20,
+    verification: str = "token",
+) -> dict[str, float]:
+    """The decode loops' own work (no model cost), per token / iteration and per call, in ms.
+
+    Runs `decoding.temperature_sample` and `speculative.speculative_sample` with zero-cost models
+    (`constant_step`: target and draft share one logits row, so every draft is accepted and no
+    EOS is drawn) for `max_decode_len` and `max_decode_len // 2` tokens; the slope is the work per
+    baseline token / speculative iteration (sampling, acceptance test and residual, buffer and
+    statistics updates, loop bookkeeping), the intercept the fixed per-call part.
+
+    Args:
+      batch, vocab, max_decode_len: the decode shapes; gamma: γ; settings: {'temperature',
+        'topk', 'topp'}; eos_id: EOS id; repeats: interleaved rounds; verification: 'token' or
+        'block' (`speculative.speculative_sample`).
+
+    Returns:
+      {'baseline_per_token_ms', 'baseline_fixed_ms', 'speculative_per_iteration_ms',
+      'speculative_fixed_ms'}.
+    """
+    lengths = (max_decode_len, max(1, max_decode_len // 2))
+    shapes = dict(batch=batch, vocab=vocab, max_decode_len=max_decode_len, eos_id=eos_id)
+    base = lambda n: clock.zero_cost_decode(None, max_decode_steps=n, settings=settings, **shapes)
+    spec = lambda n: clock.zero_cost_decode(
+        speculative.speculative_sample,
+        gamma,
+        max_decode_steps=n,
+        settings=settings,
+        verification=verification,
+        **shapes,
     )
-    module, draft = spec_model.module, spec_model.draft
 
-    def draft_step(dp, e, tokens, pos, cache):
-        return draft.make_step(dp, e)(tokens, pos, cache)  # the cache is built once, above
-
-    largest = max([gamma + 1, *block_sizes])
-    return benchmark.time_decoder_steps(
-        benchmark.decoder_step(module),
-        (target_params, enc),
-        target_cache,
-        draft_step,
-        (draft_params, enc),
-        draft_cache,
-        batch=enc.shape[0],
-        position=max(0, min(position, max_decode_len - largest)),
-        gamma=gamma,
-        repeats=repeats,
-        block_sizes=tuple(block_sizes),
-    )
-
-
-_CURVES: dict[tuple, CostCurve] = {}
+    calls = {("base", n): base(n) for n in lengths} | {("spec", n): spec(n) for n in lengths}
+    ms = {k: statistics.median(v) for k, v in clock.time_interleaved(calls, repeats).items()}
+    units = {"base": {n: n for n in lengths}, "spec": {n: -(-n // (gamma + 1)) for n in lengths}}
+    out = {}  # all drafts accepted: a call of n tokens takes ceil(n / (γ + 1)) iterations
+    for name, slope_key, fixed_key in (
+        ("base", "baseline_per_token_ms", "baseline_fixed_ms"),
+        ("spec", "speculative_per_iteration_ms", "speculative_fixed_ms"),
+    ):
+        (n1, n2), u = lengths, units[name]
+        slope = max((ms[(name, n1)] - ms[(name, n2)]) / max(u[n1] - u[n2], 1), 0.0)
+        out[slope_key] = slope
+        out[fixed_key] = max(ms[(name, n1)] - slope * u[n1], 0.0)
+    return out
 
 
 def loop_costs(
@@ -319,7 +159,7 @@ def loop_costs(
 
     * the baseline (`decoding.temperature_sample`, the target alone): T(1) per token;
     * the speculative loop with the real target and a zero-cost draft (`time_budget.
-      _constant_step`): the verify call per iteration;
+      constant_step`): the verify call per iteration;
     * the speculative loop with both models real: one iteration's model calls;
 
     each at two lengths: `max_decode_steps` 2 and max_decode_len, ending at the real EOS, so the
@@ -328,7 +168,7 @@ def loop_costs(
     and max_decode_len tokens with EOS replaced by an id the baseline does not emit
     (`timing_eos_id`). Tokens and iterations are counted, not assumed. Per unit = the slope
     between the two lengths, summed over the sources within a round (a call's fixed cost
-    cancels), minus the loop's own work per unit (`time_budget.measure_loop_ms`); medians over
+    cancels), minus the loop's own work per unit (`measure_loop_ms`); medians over
     rounds of the ratios within a round.
 
     The zero-cost-draft loop is its own compiled program, and on this CPU it spent 0.03-0.19 ms
@@ -375,8 +215,10 @@ def loop_costs(
             "loop_costs needs one or more int32 [batch, enc_len] sources of one shape; got "
             f"{[(tuple(s.shape), str(s.dtype)) for s in sources]}."
         )
-    tp, dp = _packed(spec_model, target_params, draft_params)
-    caches = [_caches(spec_model, tp, dp, enc, max_decode_len) for enc in sources]
+    tp, dp = step_timer.packed(spec_model, target_params, draft_params)
+    caches = [
+        step_timer.caches(spec_model, tp, dp, enc, max_decode_len) for enc in sources
+    ]
     module, draft = spec_model.module, spec_model.draft
     vocab, batch = module.config.vocab_size, sources[0].shape[0]
     inputs = jnp.zeros((batch, max_decode_len), jnp.int32)
@@ -394,7 +236,7 @@ def loop_costs(
         return jax.jit(run)
 
     def speculative_loop(eos, free_draft: bool):
-        free, free_cache = time_budget._constant_step(vocab, eos), jnp.zeros((), jnp.float32)
+        free, free_cache = clock.constant_step(vocab, eos), jnp.zeros((), jnp.float32)
 
         def run(tp, dp, e, tc, dc, n):
             draft_step = free if free_draft else draft.make_step(dp, e)
@@ -469,7 +311,7 @@ def loop_costs(
                 f"loop_costs: the {name} loop ran {totals[(name, lengths[0])]} units at both "
                 f"lengths {lengths}; its EOS id {timing_eos} was emitted early."
             )
-    samples = benchmark.time_interleaved(calls, repeats, warmup=1, shuffle=True)
+    samples = clock.time_interleaved(calls, repeats, warmup=1, shuffle=True)
 
     def pooled(name, n):  # per round: the call times summed over the sources
         per_source = [samples[(name, n, s)] for s in range(len(sources))]
@@ -482,7 +324,7 @@ def loop_costs(
         ]
         for name in names
     }
-    work = time_budget.measure_loop_ms(
+    work = measure_loop_ms(
         batch,
         vocab,
         max_decode_len,
@@ -498,8 +340,8 @@ def loop_costs(
     verify = [max(v - per_iteration, floor) for v in slopes["verify_only"]]
     iteration = [max(s - per_iteration, floor) for s in slopes["speculative"]]
     median = statistics.median
-    verify_ratio = benchmark.paired_ratio(verify, t1)
-    iteration_ratio = benchmark.paired_ratio(iteration, t1)
+    verify_ratio = clock.paired_ratio(verify, t1)
+    iteration_ratio = clock.paired_ratio(iteration, t1)
     verify_ms, iteration_ms = median(verify), median(iteration)
     # The verify call costs no more than its iteration (in the paired ratios or the medians).
     capped = verify_ratio > iteration_ratio or verify_ms > iteration_ms
@@ -530,139 +372,9 @@ def loop_costs(
     return out
 
 
-def measure_cost_curve(
-    spec_model,
-    target_params,
-    draft_params,
-    encoder_input_tokens: Array,
-    max_decode_len: int,
-    gamma_max: int,
-    settings: Mapping[str, Any],
-    verification: str = "token",
-    repeats: int = 20,
-) -> CostCurve:
-    """The `CostCurve` of this model pair and shape; measured once per process, then cached.
-
-    The cache key is the model pair (object identity), the batch and encoder shape, the decode
-    length, gamma_max, the sampling settings and the verification rule. T(k) is the step timer's
-    (`step_costs`) brought to what the decode loops pay (`loop_costs` at γ = gamma_max: T(1) from
-    the baseline loop, k >= 2 scaled by the loop's verify call over the timer's T(gamma_max + 1));
-    the draft's step is its lone step, plus the loop's interference once per iteration.
-
-    Raises:
-      ValueError: gamma_max < 1.
-    """
-    if not isinstance(gamma_max, int) or gamma_max < 1:
-        raise ValueError(f"gamma_max must be an int >= 1; got gamma_max={gamma_max!r}.")
-    key = (
-        id(spec_model),
-        id(spec_model.draft),
-        tuple(encoder_input_tokens.shape),
-        max_decode_len,
-        gamma_max,
-        tuple(sorted(settings.items())),
-        verification,
-    )
-    if key not in _CURVES:
-        costs = step_costs(
-            spec_model,
-            target_params,
-            draft_params,
-            encoder_input_tokens,
-            max_decode_len,
-            gamma_max,
-            repeats=repeats,
-            block_sizes=range(1, gamma_max + 2),
-        )
-        setup = time_budget.measure_setup_ms(
-            spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len, repeats
-        )
-        loops = measure_loop_work_ms(
-            encoder_input_tokens.shape[0],
-            spec_model.module.config.vocab_size,
-            max_decode_len,
-            gamma_max,
-            settings,
-            spec_model.eos_id,
-            verification,
-            repeats,
-        )
-        # The step timer's loops price the target's calls below what the decode loops pay
-        # (`loop_costs`): T(1) is taken from the baseline loop, and the k >= 2 calls are scaled by
-        # the decode loop's verify call over the step timer's at k = gamma_max + 1.
-        in_loop = loop_costs(
-            spec_model,
-            target_params,
-            draft_params,
-            encoder_input_tokens,
-            max_decode_len,
-            gamma_max,
-            settings,
-            costs,
-            repeats=max(3, repeats // 2),
-            verification=verification,
-        )
-        scale = in_loop["verify_step_ms"] / costs["block_step_ms"][gamma_max + 1]
-        blocks = {
-            k: in_loop["target_step_ms"] if k == 1 else ms * scale
-            for k, ms in costs["block_step_ms"].items()
-        }
-        _CURVES[key] = CostCurve(
-            blocks,
-            costs["draft_step_ms"],
-            interference_ms=in_loop["interference_ms"],
-            target_setup_ms=setup["target_setup_ms"],
-            draft_setup_ms=setup["draft_setup_ms"],
-            **loops,
-        )
-    return _CURVES[key]
-
-
-def measure_loop_work_ms(
-    batch: int,
-    vocab: int,
-    max_decode_len: int,
-    gamma_max: int,
-    settings: Mapping[str, Any],
-    eos_id: int,
-    verification: str = "token",
-    repeats: int = 20,
-) -> dict[str, Any]:
-    """The decode loops' own work for γ = 1..gamma_max (`time_budget.measure_loop_ms`), in ms.
-
-    Measured at γ = 1 and γ = gamma_max (real loops, zero-cost models) and interpolated linearly
-    in γ between them (the per-iteration work is γ draft samples plus a fixed part).
-
-    Returns:
-      `CostCurve` keyword arguments: 'baseline_sampling_ms' (s_1 per token), 'sampling_ms' ({γ: o(γ)}
-      per iteration), 'baseline_fixed_ms', 'speculative_fixed_ms' ({γ: per call}).
-    """
-    ends = sorted({1, gamma_max})
-    measured = {
-        g: time_budget.measure_loop_ms(
-            batch, vocab, max_decode_len, g, settings, eos_id, repeats, verification=verification
-        )
-        for g in ends
-    }
-
-    def line(name):
-        lo, hi = measured[ends[0]][name], measured[ends[-1]][name]
-        span = max(ends[-1] - ends[0], 1)
-        return {g: lo + (hi - lo) * (g - ends[0]) / span for g in range(1, gamma_max + 1)}
-
-    return {
-        "baseline_sampling_ms": statistics.mean(
-            m["baseline_per_token_ms"] for m in measured.values()
-        ),
-        "baseline_fixed_ms": statistics.mean(m["baseline_fixed_ms"] for m in measured.values()),
-        "sampling_ms": line("speculative_per_iteration_ms"),
-        "speculative_fixed_ms": line("speculative_fixed_ms"),
-    }
-
-
 class ZeroCostDraft(drafts.Draft):
     """A draft that costs nothing: the same logits row at every position (`time_budget.
-    _constant_step`, EOS never proposed). With it the speculative loop's iterations cost the
+    constant_step`, EOS never proposed). With it the speculative loop's iterations cost the
     verify call plus the loop's own work, which `run_costs` takes as the verify call's cost.
 
     Args:
@@ -671,7 +383,7 @@ class ZeroCostDraft(drafts.Draft):
 
     def __init__(self, vocab_size: int, eos_id: int):
         self.params = {}
-        self._step = time_budget._constant_step(vocab_size, eos_id)
+        self._step = clock.constant_step(vocab_size, eos_id)
 
     def init_cache(self, params, encoder_input_tokens, max_decode_len, encoded=None):
         return {"unused": jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32)}
@@ -715,7 +427,7 @@ def run_costs(
       units: the same keys: int [batches] tokens (baseline: the longest row's, EOS counted) or
         iterations (the speculative calls: the most of any row).
       gamma: γ of the speculative calls (>= 1).
-      loop_work_ms: `time_budget.measure_loop_ms`'s dict (its 'baseline_per_token_ms' and
+      loop_work_ms: `measure_loop_ms`'s dict (its 'baseline_per_token_ms' and
         'speculative_per_iteration_ms').
       step_timer: `step_costs`'s dict at this γ, for `c_alone` and `interference_ms`; None: left
         out.
@@ -824,3 +536,51 @@ def run_costs(
             out["c_alone"] = lone / t1
             out["interference_ms"] = iteration - verify - gamma * lone
     return out
+
+
+def measure_step_costs(
+    spec_model: models.SpeculativeEncoderDecoderModel,
+    target_params,
+    draft_params,
+    encoder_input_tokens: np.ndarray,
+    max_decode_len: int,
+    gamma: int,
+    position: int = 8,
+    repeats: int = 30,
+    settings: dict[str, Any] | None = None,
+    loop_sources: Sequence[np.ndarray] | None = None,
+) -> dict[str, Any]:
+    """c and the verify-cost ratio of this run's target and draft, as the decode loops pay them.
+
+    First the step timer (`step_timer.step_costs`: one cached target step, one draft step, one
+    γ+1 verify step and one speculative iteration's calls at decoder position `position`, each a
+    loop's slope in its length, caches built from `encoder_input_tokens`, int32 [batch, enc_len]).
+    With `settings`, then the real decode loops on the same caches (`loop_costs`: T(1)
+    per baseline token, the verify call and one iteration per speculative iteration, the loops'
+    own work taken off), whose c and verify ratio are the ones reported: the step timer's lone
+    loops miss what the decode loops pay (results/verify_cost/loop_interference.md). The step
+    timer's dict is kept under 'step_timer'.
+
+    Args:
+      settings: {'temperature', 'topk', 'topp'} of the run; None: the step timer alone.
+      loop_sources: the sources the decode loops are timed on, pooled (int32 [batch, enc_len]
+        each, one shape; the run's first batches); None: `encoder_input_tokens` alone.
+
+    Returns:
+      {'target_step_ms', 'draft_step_ms', 'verify_step_ms' (ms), 'c' (the draft's step / the
+      target's step, the paper's c, in the loop), 'verify_cost_ratio' (verify / target step; the
+      paper assumes ~1), 'c_alone', 'interference_ms', ...}: `loop_costs`'s dict, or
+      `step_timer.step_costs`'s without `settings`.
+    """
+    pair = (spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len, gamma)
+    timer = step_timer.step_costs(*pair, position=position, repeats=repeats)
+    if settings is None:
+        return timer
+    return loop_costs(
+        *pair[:3],
+        encoder_input_tokens if loop_sources is None else loop_sources,
+        *pair[4:],
+        {k: settings[k] for k in ("temperature", "topk", "topp") if k in settings},
+        timer,
+        repeats=max(3, repeats // 2),
+    )

@@ -15,7 +15,7 @@ Variants (names used in the table):
 
 * `γ=g`: token verification (Algorithm 1), fixed γ;
 * `block γ=g`: block verification (Sun et al., ICLR 2025), same γ;
-* `auto`: `gamma_control.AutoGammaDecoder` (γ in 0..gamma_max, α learnt online);
+* `auto`: `auto_gamma.AutoGammaDecoder` (γ in 0..gamma_max, α learnt online);
 * `auto+exit`: the same, drafting stopping early when max q < `exit_threshold`;
 * `auto+block`: auto γ with block verification.
 """
@@ -33,7 +33,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_t5x import benchmark, cost_curve, eval_inputs, gamma_control, provenance, reports
+from specdec_t5x import auto_gamma, provenance
+from specdec_t5x import inputs as inputs_lib
+from specdec_t5x.eval import summary
+from specdec_t5x.timing import clock, cost_curve
 
 
 def _stats_sums(stats_list) -> dict[str, float]:
@@ -78,11 +81,11 @@ def compare(
     draft_params = spec_model.draft.params
     common = dict(settings=settings, gamma_max=gamma_max, cost_repeats=cost_repeats)
     auto = {
-        "auto": gamma_control.AutoGammaDecoder(spec_model, target_params, **common),
-        "auto+exit": gamma_control.AutoGammaDecoder(
+        "auto": auto_gamma.AutoGammaDecoder(spec_model, target_params, **common),
+        "auto+exit": auto_gamma.AutoGammaDecoder(
             spec_model, target_params, draft_confidence_threshold=exit_threshold, **common
         ),
-        "auto+block": gamma_control.AutoGammaDecoder(
+        "auto+block": auto_gamma.AutoGammaDecoder(
             spec_model, target_params, verification="block", **common
         ),
     }
@@ -93,7 +96,7 @@ def compare(
         "token": auto["auto"],
         "block": auto["auto+block"],
     }
-    batches = [eval_inputs.decode_batch([t], input_len, max_decode_len) for t in encoder_inputs]
+    batches = [inputs_lib.decode_batch([t], input_len, max_decode_len) for t in encoder_inputs]
     first = batches[0]
     curve = cost_curve.measure_cost_curve(
         spec_model,
@@ -119,7 +122,7 @@ def compare(
     names = ["baseline", *fixed, *auto]
     for i, batch in enumerate(batches):
         rng = jax.random.fold_in(jax.random.PRNGKey(seed), i)
-        order = benchmark.call_order(names, i, seed)
+        order = clock.call_order(names, i, seed)
         for name in order:
             if name in auto:
                 decoder = auto[name]
@@ -136,7 +139,7 @@ def compare(
             start = time.perf_counter()
             decodes, aux = jax.block_until_ready(call())
             seconds[name].append(time.perf_counter() - start)
-            longest[name].append(gamma_control.call_counts(decodes)[0])
+            longest[name].append(auto_gamma.call_counts(decodes)[0])
             if name in auto:
                 auto[name].update(aux)
                 auto[name].observe(gamma, seconds[name][-1], decodes, aux)  # vs modelled
@@ -203,7 +206,7 @@ def markdown(result: Mapping[str, Any], title: str) -> str:
     fmt = lambda x, spec: "–" if x is None else format(x, spec)  # noqa: E731
     for name, row in result["rows"].items():
         if "gamma_chosen" in row:
-            gamma = reports.auto_choices(row)
+            gamma = summary.auto_choices(row)
         else:
             gamma = str(row["gamma"])
         alpha = "off" if row["alpha"] is None else f"{row['alpha']:.2f}"

@@ -37,32 +37,14 @@ import numpy as np
 import optax
 import tqdm
 
-from specdec_t5x import distill, embedded, models, train_checkpoints
+from specdec_t5x import embedded, models
 from specdec_t5x.data import packing
-from specdec_t5x.data.packing import (  # noqa: F401  (re-exported: gin files and tests use them)
-    PackedBatches,
-    fixed_batches,
-    make_batch,
-    pack_rows,
-    read_jsonl_pairs,
-    tokenize,
-)
-from specdec_t5x.distill import distillation_loss  # noqa: F401  (re-exported)
-from specdec_t5x.train_eval import (  # noqa: F401  (re-exported: scripts and tests use them)
-    QUALITY_METRICS,
-    evaluate_decodes,
-    make_eval_loss,
-    make_greedy_decode,
-    plot_curves,
-    quality,
-    read_metrics,
-    validation_loss,
-)
+from specdec_t5x.training import checkpoints as train_checkpoints
+from specdec_t5x.training import distill, validation
 
 Array = jax.Array
 Batch = dict[str, np.ndarray]
 logger = logging.getLogger(__name__)
-export_checkpoint = train_checkpoints.export_checkpoint  # re-exported: scripts and tests use it
 
 # ----------------------------------------------------------------------------------------------
 # Optimisation.
@@ -298,7 +280,7 @@ def train(
     if distill_from is not None and distill_params is None:
         raise ValueError("distill_from needs distill_params (the frozen target's parameters).")
     tok = functools.partial(
-        tokenize,
+        packing.tokenize,
         vocabulary=vocabulary,
         input_prefix=input_prefix,
         max_input_len=max_input_len,
@@ -307,7 +289,7 @@ def train(
     train_examples = tok(train_data, drop_long=True)
     logger.info("%d/%d training pairs within limits", len(train_examples), len(train_data))
     stream = distill.MixedBatches(
-        PackedBatches(train_examples, batch_size, max_input_len, max_target_len, seed),
+        packing.PackedBatches(train_examples, batch_size, max_input_len, max_target_len, seed),
         packing.SourceBatches(train_examples, batch_size, max_input_len, seed),
         distill_mixture or {"data": 1.0},
         distill.make_generator(model, max_target_len) if distill_from is not None else None,
@@ -323,14 +305,16 @@ def train(
     weights = {"data": jnp.asarray([1.0 - distill_weight, distill_weight], jnp.float32)}
     weights["generated"] = jnp.asarray([0.0, 1.0], jnp.float32)
     eval_examples = tok(eval_data[:num_eval_loss_examples], drop_long=False)
-    eval_batches = fixed_batches(eval_examples, eval_batch_size, max_input_len, max_target_len)
+    eval_batches = packing.fixed_batches(
+        eval_examples, eval_batch_size, max_input_len, max_target_len
+    )
     decode_pairs = list(eval_data[:num_eval_decode_examples])
     decode_examples = tok(decode_pairs, drop_long=False)
     decode_kwargs = dict(batch_size=eval_batch_size, input_len=max_input_len, decode_len=decode_len)
     decode_kwargs["metric"] = quality_metric
-    if quality_metric not in QUALITY_METRICS:  # fail now, not after training
+    if quality_metric not in validation.QUALITY_METRICS:  # fail now, not after training
         raise ValueError(
-            f"quality_metric must be one of {QUALITY_METRICS}; got {quality_metric!r}."
+            f"quality_metric must be one of {validation.QUALITY_METRICS}; got {quality_metric!r}."
         )
 
     init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
@@ -364,14 +348,14 @@ def train(
         frozen,
         distill_target_temperature,
     )
-    eval_loss = make_eval_loss(model)
-    greedy_decode = make_greedy_decode(model)
+    eval_loss = validation.make_eval_loss(model)
+    greedy_decode = validation.make_greedy_decode(model)
 
     def evaluate(params, step: int) -> dict[str, Any]:
         t0 = time.time()
-        val_loss = validation_loss(eval_loss, params, eval_batches)
+        val_loss = validation.validation_loss(eval_loss, params, eval_batches)
         refs = [t for _, t in decode_pairs]
-        scores, _ = evaluate_decodes(
+        scores, _ = validation.evaluate_decodes(
             greedy_decode, params, decode_examples, refs, vocabulary, **decode_kwargs
         )
         record = {"step": step, "split": "validation", "loss": val_loss, **scores}
@@ -419,7 +403,7 @@ def train(
     if test_data is not None:
         test_pairs = list(test_data[:num_test_examples])
         refs = [t for _, t in test_pairs]
-        scores, predictions = evaluate_decodes(
+        scores, predictions = validation.evaluate_decodes(
             greedy_decode,
             params,
             tok(test_pairs, drop_long=False),

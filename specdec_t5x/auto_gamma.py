@@ -27,12 +27,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_t5x import cost_curve, models, steps, theory
+from specdec_t5x import models, steps, theory
+from specdec_t5x.timing import cost_curve, step_timer
 
 Array = jax.Array
 # The cost curve's names, importable from here as before `cost_curve` was split out.
 CostCurve, measure_cost_curve = cost_curve.CostCurve, cost_curve.measure_cost_curve
-step_costs = cost_curve.step_costs
+step_costs = step_timer.step_costs
 
 
 @dataclasses.dataclass

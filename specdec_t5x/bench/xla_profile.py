@@ -13,7 +13,7 @@ verify step (Leviathan et al., 2022, §3.4 assume it costs about one token's ste
 * `dot_curves`: x [M, in] @ W [in, out] alone for M = 1, 2, 4, 8, with W streamed from DRAM (and
   optionally cache-hot), through XLA's dot and the CPU kernel (`cpu_kernel.matmul`).
 
-Timings use `benchmark.time_interleaved` (interleaved rounds, medians).
+Timings use `clock.time_interleaved` (interleaved rounds, medians).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, cpu_kernel
+from specdec_t5x import cpu_kernel
+from specdec_t5x.timing import clock
 
 _WEIGHT_OPS = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo")
 
@@ -127,7 +128,7 @@ def thunk_time_by_category(
 
 
 def _median_s(fn: Callable[..., Any], *args, repeats: int = 7) -> float:
-    samples = benchmark.time_interleaved({"fn": lambda: fn(*args)}, repeats, warmup=0)["fn"]
+    samples = clock.time_interleaved({"fn": lambda: fn(*args)}, repeats, warmup=0)["fn"]
     return statistics.median(samples) / 1e3
 
 
@@ -208,7 +209,7 @@ def dot_curves(
             calls[("streamed", m)] = functools.partial(xla, x, *ws)
             calls[("kernel_streamed", m)] = functools.partial(kernel, x, *packed["float32"])
             calls[("kernel_bf16_streamed", m)] = functools.partial(kernel, x, *packed["bfloat16"])
-        times = benchmark.time_interleaved(calls, rounds, warmup=1)
+        times = clock.time_interleaved(calls, rounds, warmup=1)
         times = {key: np.asarray(t) / 1e3 / n for key, t in times.items()}  # seconds per dot
         res = {}
         for (kind, m), t in times.items():

@@ -11,7 +11,7 @@ end-to-end time being predicted:
   writes, statistics and the `while_loop` bookkeeping, per iteration (speculative) and per token
   (baseline), plus a fixed per-call part (`measure_loop_ms`: the real decode loops run with
   zero-cost models whose logits are a constant row);
-* the model calls: T(1), the draft step and T(γ + 1), in-loop (`cost_curve.step_costs`).
+* the model calls: T(1), the draft step and T(γ + 1), in-loop (`step_timer.step_costs`).
 
 `compose` adds them up with the counted target calls and tokens of the run (counts, not times):
 
@@ -35,188 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmark, decoding, models, speculative, steps, theory
+from specdec_t5x import speculative, theory
+from specdec_t5x.timing import clock, loops
 
 Array = jax.Array
-
-
-def measure_setup_ms(
-    spec_model,
-    target_params,
-    draft_params,
-    encoder_input_tokens: Array,
-    max_decode_len: int,
-    repeats: int = 20,
-    sources: Sequence[Array] | None = None,
-) -> dict[str, Any]:
-    """Medians (ms) of the target's and the draft's encoder pass + cache set-up, one call each.
-
-    On the CPU inference path the set-up runs at the sources' length bucket (`steps.bucketed`),
-    so its cost depends on the call's inputs: with `sources` (every call's inputs of a run), one
-    call per bucket is timed and the result is the mean over the run's calls.
-
-    Args:
-      spec_model: `models.SpeculativeEncoderDecoderModel` (its `decoder_state`, `draft.prepare`;
-        a draft sharing the target's encoder is timed from the target's encoder output).
-      target_params, draft_params: as the timed decoders get them (packed).
-      encoder_input_tokens: int32 [batch, enc_len] (timed when `sources` is None).
-      max_decode_len: cache length.
-      repeats: interleaved timed rounds (`benchmark.time_interleaved`).
-      sources: optional int32 [batch, enc_len] inputs of each call of the run.
-
-    Returns:
-      {'target_setup_ms', 'draft_setup_ms'} per call (whole batch; the mean over `sources`), and
-      'by_length': {encoder length: {'target_setup_ms', 'draft_setup_ms', 'calls'}}.
-    """
-    sources = [encoder_input_tokens] if sources is None else list(sources)
-    if not sources:
-        raise ValueError("sources must hold at least one int32 [batch, enc_len] input.")
-    by_length: dict[int, list[Array]] = {}
-    for enc in sources:
-        by_length.setdefault(steps.setup_length(target_params, enc), []).append(enc)
-    target = jax.jit(lambda tp, e: spec_model.decoder_state(tp, e, max_decode_len)[0])
-    shares = getattr(spec_model.draft, "shares_target_encoder", False)
-    if shares:
-        # The draft's set-up is its cache from the target's encoder output (computed anyway).
-        encode = jax.jit(lambda tp, e: steps.encode(spec_model.module, tp, e))
-        draft = jax.jit(lambda dp, e, x: spec_model.draft.prepare(dp, e, max_decode_len, x)[0])
-    else:
-        draft = jax.jit(lambda dp, e: spec_model.draft.prepare(dp, e, max_decode_len)[0])
-    calls = {}
-    for length, encs in by_length.items():
-        enc = jnp.asarray(encs[0])
-        calls[("target", length)] = lambda e=enc: target(target_params, e)
-        if shares:
-            x = encode(target_params, enc)
-            calls[("draft", length)] = lambda e=enc, x=x: draft(draft_params, e, x)
-        else:
-            calls[("draft", length)] = lambda e=enc: draft(draft_params, e)
-    samples = benchmark.time_interleaved(calls, repeats)
-    out: dict[str, Any] = {"by_length": {}}
-    for k in ("target", "draft"):
-        total = 0.0
-        for length, encs in by_length.items():
-            ms = statistics.median(samples[(k, length)])
-            row = out["by_length"].setdefault(length, {"calls": len(encs)})
-            row[f"{k}_setup_ms"] = ms
-            total += ms * len(encs)
-        out[f"{k}_setup_ms"] = total / len(sources)
-    return out
-
-
-def _constant_step(vocab: int, eos_id: int):
-    """A zero-cost `steps.BlockStep`: the same logits row at every position (EOS never wins)."""
-    row = jax.random.normal(jax.random.PRNGKey(0), (vocab,)) * 3.0
-    row = row.at[eos_id].set(-1e9)
-
-    def step(tokens, positions, cache):
-        shift = (positions.astype(jnp.float32) * 1e-6)[:, None, None]  # not loop-invariant
-        return jnp.broadcast_to(row, tokens.shape + (vocab,)) + shift, cache
-
-    return step
-
-
-def zero_cost_decode(
-    sampler,
-    gamma: int = 1,
-    *,
-    batch: int,
-    vocab: int,
-    max_decode_len: int,
-    max_decode_steps: int,
-    settings: Mapping[str, Any],
-    eos_id: int,
-    verification: str = "token",
-):
-    """A jitted zero-argument decode call with zero-cost models (`_constant_step`), to time.
-
-    Args:
-      sampler: a `speculative.speculative_sample`-compatible function (target and draft both the
-        constant step, `gamma` drafts), or None for the baseline `decoding.temperature_sample`.
-      gamma: γ (speculative only); batch, vocab, max_decode_len: decode shapes;
-      max_decode_steps: tokens to generate; settings: {'temperature', 'topk', 'topp'}; eos_id;
-      verification: 'token' or 'block' (speculative only).
-
-    Returns:
-      () -> int32 [batch, max_decode_len] decodes (PRNG key fixed).
-    """
-    step = _constant_step(vocab, eos_id)
-    inputs = jnp.zeros((batch, max_decode_len), jnp.int32)
-    cache = jnp.zeros((), jnp.float32)
-    common = dict(max_decode_steps=max_decode_steps, **settings)
-    if sampler is None:
-        one_token = models.one_token_logits_fn(step)
-        fn = lambda r: decoding.temperature_sample(inputs, cache, one_token, eos_id, r, **common)
-    else:
-        fn = lambda r: sampler(
-            inputs,
-            cache,
-            step,
-            cache,
-            step,
-            eos_id,
-            gamma=gamma,
-            decode_rng=r,
-            verification=verification,
-            **common,
-        )
-    jitted = jax.jit(lambda r: fn(r)[0])
-    rng = jax.random.PRNGKey(1)
-    return lambda: jitted(rng)
-
-
-def measure_loop_ms(
-    batch: int,
-    vocab: int,
-    max_decode_len: int,
-    gamma: int,
-    settings: Mapping[str, Any],
-    eos_id: int,
-    repeats: int = 20,
-    verification: str = "token",
-) -> dict[str, float]:
-    """The decode loops' own work (no model cost), per token / iteration and per call, in ms.
-
-    Runs `decoding.temperature_sample` and `speculative.speculative_sample` with zero-cost models
-    (`_constant_step`: target and draft share one logits row, so every draft is accepted and no
-    EOS is drawn) for `max_decode_len` and `max_decode_len // 2` tokens; the slope is the work per
-    baseline token / speculative iteration (sampling, acceptance test and residual, buffer and
-    statistics updates, loop bookkeeping), the intercept the fixed per-call part.
-
-    Args:
-      batch, vocab, max_decode_len: the decode shapes; gamma: γ; settings: {'temperature',
-        'topk', 'topp'}; eos_id: EOS id; repeats: interleaved rounds; verification: 'token' or
-        'block' (`speculative.speculative_sample`).
-
-    Returns:
-      {'baseline_per_token_ms', 'baseline_fixed_ms', 'speculative_per_iteration_ms',
-      'speculative_fixed_ms'}.
-    """
-    lengths = (max_decode_len, max(1, max_decode_len // 2))
-    shapes = dict(batch=batch, vocab=vocab, max_decode_len=max_decode_len, eos_id=eos_id)
-    base = lambda n: zero_cost_decode(None, max_decode_steps=n, settings=settings, **shapes)
-    spec = lambda n: zero_cost_decode(
-        speculative.speculative_sample,
-        gamma,
-        max_decode_steps=n,
-        settings=settings,
-        verification=verification,
-        **shapes,
-    )
-
-    calls = {("base", n): base(n) for n in lengths} | {("spec", n): spec(n) for n in lengths}
-    ms = {k: statistics.median(v) for k, v in benchmark.time_interleaved(calls, repeats).items()}
-    units = {"base": {n: n for n in lengths}, "spec": {n: -(-n // (gamma + 1)) for n in lengths}}
-    out = {}  # all drafts accepted: a call of n tokens takes ceil(n / (γ + 1)) iterations
-    for name, slope_key, fixed_key in (
-        ("base", "baseline_per_token_ms", "baseline_fixed_ms"),
-        ("spec", "speculative_per_iteration_ms", "speculative_fixed_ms"),
-    ):
-        (n1, n2), u = lengths, units[name]
-        slope = max((ms[(name, n1)] - ms[(name, n2)]) / max(u[n1] - u[n2], 1), 0.0)
-        out[slope_key] = slope
-        out[fixed_key] = max(ms[(name, n1)] - slope * u[n1], 0.0)
-    return out
 
 
 def compose(
@@ -359,14 +181,18 @@ def eval_time_budget(
     """
     enc = batch["encoder_input_tokens"]
     L = batch["decoder_input_tokens"].shape[1]
-    setup = measure_setup_ms(spec_model, target_params, draft_params, enc, L, repeats, sources)
+    setup = loops.measure_setup_ms(
+        spec_model, target_params, draft_params, enc, L, repeats, sources
+    )
     vocab = spec_model.module.config.vocab_size
     if loop is None:
-        loop = measure_loop_ms(enc.shape[0], vocab, L, gamma, settings, spec_model.eos_id, repeats)
+        loop = loops.measure_loop_ms(
+            enc.shape[0], vocab, L, gamma, settings, spec_model.eos_id, repeats
+        )
     counts = per_call_counts(runs, gamma, spec_model.eos_id, rows_per_call)
     costs = metrics["step_costs"]
     # The draft's and the verify call's costs as the target's median step times the measured
-    # (paired, `benchmark.paired_ratio`) c and verify ratio, so that the ladder's first rung is
+    # (paired, `clock.paired_ratio`) c and verify ratio, so that the ladder's first rung is
     # Thm 3.8 with the measured verify cost exactly.
     target_ms = costs["target_step_ms"]
     model = dict(
@@ -428,7 +254,7 @@ def eval_time_budget(
     work = loop["speculative_per_iteration_ms"]
     in_loop["verify_in_loop_ms"] = in_loop["real_target_per_iteration_ms"] - work
     in_loop["drafting_in_loop_ms"] = in_loop["real_draft_per_iteration_ms"] - work
-    timer = costs.get("step_timer", costs)  # the stand-alone step loops (`cost_curve.step_costs`)
+    timer = costs.get("step_timer", costs)  # the stand-alone step loops (`step_timer.step_costs`)
     in_loop["verify_step_ms"] = timer["verify_step_ms"]
     in_loop["drafting_step_ms"] = gamma * timer["draft_step_ms"]
     in_loop["draft_and_verify_one_loop_ms"] = measure_iteration_ms(
@@ -450,10 +276,10 @@ def measure_in_loop_ms(
     """Each model's cost per iteration inside the real speculative loop (the other one free).
 
     Runs `speculative.speculative_sample` on `batch` with the real target and a zero-cost draft
-    (`_constant_step`), and with a zero-cost target and the real draft; caches are built once,
+    (`constant_step`), and with a zero-cost target and the real draft; caches are built once,
     outside the timed call. Per iteration: call time / counted iterations. Subtracting the loop
     work (`measure_loop_ms`) leaves the in-loop verify call and the in-loop γ draft steps, to set
-    beside the stand-alone step costs (`cost_curve.step_costs`).
+    beside the stand-alone step costs (`step_timer.step_costs`).
 
     Returns:
       {'real_target_per_iteration_ms', 'real_draft_per_iteration_ms'} (whole batch, medians).
@@ -465,7 +291,10 @@ def measure_in_loop_ms(
         target_params, draft_params, enc, L
     )
     vocab = spec_model.module.config.vocab_size
-    free_step, free_cache = _constant_step(vocab, spec_model.eos_id), jnp.zeros((), jnp.float32)
+    free_step, free_cache = (
+        clock.constant_step(vocab, spec_model.eos_id),
+        jnp.zeros((), jnp.float32),
+    )
     rng = jax.random.PRNGKey(2)
 
     def run(tc, ts, dc, ds):
@@ -482,7 +311,7 @@ def measure_in_loop_ms(
         "real_target": run(target_cache, target_step, free_cache, free_step),
         "real_draft": run(free_cache, free_step, draft_cache, draft_step),
     }
-    samples = benchmark.time_interleaved(calls, repeats, warmup=1)
+    samples = clock.time_interleaved(calls, repeats, warmup=1)
     return {
         f"{k}_per_iteration_ms": statistics.median(v) / max(int(jnp.max(calls[k]())), 1)
         for k, v in samples.items()
@@ -531,5 +360,5 @@ def measure_iteration_ms(
         "loop": lambda: run(target_params, draft_params, enc),
         "setup": lambda: setup(target_params, draft_params, enc),
     }
-    ms = {k: statistics.median(v) for k, v in benchmark.time_interleaved(calls, repeats).items()}
+    ms = {k: statistics.median(v) for k, v in clock.time_interleaved(calls, repeats).items()}
     return max(ms["loop"] - ms["setup"], 0.0) / steps_per_call

@@ -456,7 +456,7 @@ def run_to_run_table(run_dirs: Sequence[str | os.PathLike]) -> str:
     where "Predicted (measured verify)" parts from the measured speed, run by run.
 
     Columns: verify/step; T(1) and one speculative iteration (ms, the decode loops' own slopes,
-    `cost_curve.loop_costs`); set-up share (the target's encoder and cache set-up summed over the
+    `loops.loop_costs`); set-up share (the target's encoder and cache set-up summed over the
     run's calls, `time_budget.measure_setup_ms`, over the measured baseline wall time); the
     measured speed-up; the decode-loop speed-up (both measured wall times minus each side's
     modelled set-up); the ladder's rungs (`time_budget.time_budget`): Theorem 3.8 with the

@@ -1,0 +1,261 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x import network, steps
+from specdec_t5x.timing import clock
+
+Array = jax.Array
+
+
+def decoder_step(module: network.Transformer) -> Callable[..., Any]:
+    """`steps.make_block_step` of `module` with the parameters and encoder tokens as arguments:
+    `(params, encoder_input_tokens int32 [b, enc_len], tokens int32 [b, k], positions int32 [b],
+    cache) -> (logits float32 [b, k, vocab], cache)`, so timed jitted calls take them as inputs
+    rather than baking them in as constants."""
+
+    def step(params, encoder_input_tokens, tokens, positions, cache):
+        return steps.make_block_step(module, params, encoder_input_tokens)(tokens, positions, cache)
+
+    return step
+
+
+def time_decoder_steps(
+    target_step,
+    target_args,
+    target_cache,
+    draft_step,
+    draft_args,
+    draft_cache,
+    *,
+    batch: int,
+    position: int,
+    gamma: int,
+    repeats: int = 30,
+    warmup: int = 3,
+    steps_per_call: int = 8,
+    block_sizes: Sequence[int] = (),
+) -> dict[str, Any]:
+    """c and the verify-cost ratio of two decoder steps, timed side by side *inside loops*.
+
+    Every cost is the slope of a loop's time in its length: each loop (the target's one-token
+    step, the draft's step, the γ + 1-token verify call, a k-token call per `block_sizes`, and one
+    speculative iteration's model calls: γ draft steps then the verify call) runs as one jitted
+    loop with the caches as the carry, once with `steps_per_call` steps and once with `LONG_LOOP` (4)
+    times as many, in the same round (rounds in random order: `time_interleaved`'s `shuffle`); per
+    step = (long - short) / (3 * steps_per_call). A call's fixed cost
+    (dispatching a jitted call over the parameter tree, 0.4-0.9 ms on the 2-core CPU, about one
+    target step) cancels; dividing one call's time by its steps did not remove it, and charged
+    ~0.09 ms to every step of an 8-step loop, which overstated T(1) against the decode loops and
+    with it every predicted speedup.
+
+    The draft's cost is also taken *between verify calls*: in the decode loop the target's weight
+    stream evicts the draft from the CPU's caches every iteration (results/verify_cost/
+    loop_interference.md: the draft's γ = 2 steps cost 0.045 ms alone and 0.147 ms after a 24 MiB
+    sweep), a cost no loop of one model sees. `interference_ms` = iteration - verify - γ draft,
+    per iteration, and `c` = (iteration - verify) / (γ T(1)): the draft's cost per step as the
+    decode loop pays it (the paper's c, "the time for a single run of M_q" divided by M_p's, taken
+    where the runs happen). `c_alone` is the draft's loop on its own.
+
+    Args:
+      target_step, draft_step: `(*args, tokens int32 [batch, k], positions int32 [batch], cache)
+        -> (logits, cache)` (traceable; may already be jitted).
+      target_args, draft_args: leading arguments (e.g. params, encoder tokens).
+      target_cache, draft_cache: caches to start from (copied; each loop chains its own).
+      batch: rows; position: decoder position of the timed steps (the draft's j-th step of an
+        iteration at position + j); gamma: verify block is γ + 1, γ >= 1.
+      repeats, warmup: see `time_interleaved`.
+      steps_per_call: steps of the short loop (the long one runs `LONG_LOOP` times as many), >= 1.
+      block_sizes: extra target block sizes k to time in the same rounds (the cost curve T(k)).
+
+    Returns:
+      dict with `target_step_ms`, `draft_step_ms` (alone), `verify_step_ms`, `iteration_ms` (γ
+      draft steps + verify, in one loop) (medians per step of the slopes, ms), `*_step_ms_iqr`
+      ([p25, p75]), `fixed_call_ms` {loop: median fixed cost of one call, ms}, `interference_ms`
+      (per iteration, ms), `c` (in the loop, as above), `c_alone` = draft / target and
+      `verify_cost_ratio` = verify / target (each the median over rounds of the ratio within a
+      round: `paired_ratio`), `steps_per_call`, and `block_step_ms` {k: median ms of a k-token
+      target call}.
+
+    Raises:
+      ValueError: gamma < 1 or steps_per_call < 1.
+    """
+    if gamma < 1 or steps_per_call < 1:
+        raise ValueError(f"need gamma >= 1 and steps_per_call >= 1; got {gamma}, {steps_per_call}.")
+    target_loop, draft_loop = clock.looped(target_step), clock.looped(draft_step)
+    iteration_loop = clock.iteration_loop(target_step, draft_step, gamma)
+    pos = jnp.full((batch,), position, jnp.int32)
+    one = jnp.full((batch, 1), 5, jnp.int32)
+    block = jnp.full((batch, gamma + 1), 5, jnp.int32)
+    loops = {
+        "target": (target_loop, target_args, one, target_cache),
+        "draft": (draft_loop, draft_args, one, draft_cache),
+        "verify": (target_loop, target_args, block, target_cache),
+        **{
+            f"block_{k}": (
+                target_loop,
+                target_args,
+                jnp.full((batch, k), 5, jnp.int32),
+                target_cache,
+            )
+            for k in block_sizes
+        },
+    }
+    lengths = {"short": steps_per_call, "long": clock.LONG_LOOP * steps_per_call}
+    caches = {
+        (name, length): jax.tree_util.tree_map(jnp.copy, spec[3])
+        for name, spec in loops.items()
+        for length in lengths
+    }
+    for length in lengths:
+        caches[("iteration", length)] = jax.tree_util.tree_map(
+            jnp.copy, (target_cache, draft_cache)
+        )
+
+    def call(name, length):
+        key, n = (name, length), jnp.int32(lengths[length])
+        if name == "iteration":
+
+            def run():
+                total, caches[key] = iteration_loop(
+                    target_args, draft_args, one, block, pos, caches[key], n
+                )
+                return total, caches[key]
+
+            return run
+        loop, args, tokens, _ = loops[name]
+
+        def run():
+            total, caches[key] = loop(args, tokens, pos, caches[key], n)
+            return total, caches[key]
+
+        return run
+
+    names = [*loops, "iteration"]
+    samples = clock.time_interleaved({k: call(*k) for k in caches}, repeats, warmup, shuffle=True)
+    span = lengths["long"] - lengths["short"]
+    per_step = {
+        name: [
+            max((lo - sh) / span, clock.FLOOR_MS)
+            for lo, sh in zip(samples[(name, "long")], samples[(name, "short")], strict=True)
+        ]
+        for name in names
+    }
+    fixed = {
+        name: statistics.median(
+            sh - lengths["short"] * p
+            for sh, p in zip(samples[(name, "short")], per_step[name], strict=True)
+        )
+        for name in names
+    }
+    median = {name: statistics.median(values) for name, values in per_step.items()}
+    # Per round: the iteration's drafting (>= 0) and what it costs beyond γ lone draft steps.
+    drafting = [
+        max(i - v, 0.0) for i, v in zip(per_step["iteration"], per_step["verify"], strict=True)
+    ]
+    interference = [d - gamma * s for d, s in zip(drafting, per_step["draft"], strict=True)]
+    result: dict[str, Any] = {
+        "c": clock.paired_ratio([d / gamma for d in drafting], per_step["target"]),
+        "c_alone": clock.paired_ratio(per_step["draft"], per_step["target"]),
+        "verify_cost_ratio": clock.paired_ratio(per_step["verify"], per_step["target"]),
+        "interference_ms": statistics.median(interference),
+        "iteration_ms": median["iteration"],
+        "fixed_call_ms": fixed,
+        "steps_per_call": steps_per_call,
+        "block_step_ms": {k: median[f"block_{k}"] for k in block_sizes},
+    }
+    for name in ("target", "draft", "verify"):
+        result[f"{name}_step_ms"] = median[name]
+        result[f"{name}_step_ms_iqr"] = [
+            float(np.percentile(per_step[name], 25)),
+            float(np.percentile(per_step[name], 75)),
+        ]
+    return result
+
+
+def packed(spec_model, target_params, draft_params):
+    """(target params, draft params) packed for the CPU kernel (no-op when off or packed)."""
+    weight_dtype = getattr(spec_model, "cpu_weight_dtype", "float32")
+    target_params = steps.pack_params(spec_model.module, target_params, weight_dtype)
+    draft = spec_model.draft
+    if hasattr(draft, "pack_params"):
+        draft_params = draft.pack_params(draft_params)
+    return target_params, draft_params
+
+
+def caches(spec_model, target_params, draft_params, enc, max_decode_len):
+    """(target cache, draft cache) of packed parameters for int32 [batch, enc_len] sources."""
+    module, draft = spec_model.module, spec_model.draft
+    target_cache = jax.jit(lambda tp, e: steps.prepare_cache(module, tp, e, max_decode_len))(
+        target_params, enc
+    )
+    encoded = None
+    if getattr(draft, "shares_target_encoder", False):  # its cache reads the target's encoding
+        encoded = jax.jit(lambda tp, e: steps.encode(module, tp, e))(target_params, enc)
+    draft_cache = jax.jit(lambda dp, e, x: draft.init_cache(dp, e, max_decode_len, x))(
+        draft_params, enc, encoded
+    )
+    return target_cache, draft_cache
+
+
+def prepared(spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len):
+    """(enc, packed target params, packed draft params, target cache, draft cache), built once."""
+    enc = jnp.asarray(encoder_input_tokens)
+    # Packed once here for the CPU kernel (no-op when off): the steps run in the timed loops.
+    target_params, draft_params = packed(spec_model, target_params, draft_params)
+    target_cache, draft_cache = caches(spec_model, target_params, draft_params, enc, max_decode_len)
+    return enc, target_params, draft_params, target_cache, draft_cache
+
+
+def step_costs(
+    spec_model,
+    target_params,
+    draft_params,
+    encoder_input_tokens: Array,
+    max_decode_len: int,
+    gamma: int,
+    *,
+    position: int = 8,
+    repeats: int = 30,
+    block_sizes=(),
+) -> dict[str, Any]:
+    """c, the verify-cost ratio and T(k) of a model pair, on caches built once (not timed).
+
+    One cached target step, one draft step, one γ + 1 verify step and one target call per k in
+    `block_sizes`, at decoder position `position`, caches built from `encoder_input_tokens` (int32
+    [batch, enc_len]); timed by `time_decoder_steps`.
+
+    Returns:
+      `time_decoder_steps`'s dict (`c`, `verify_cost_ratio`, `*_step_ms`,
+      `block_step_ms`).
+    """
+    enc, target_params, draft_params, target_cache, draft_cache = prepared(
+        spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len
+    )
+    module, draft = spec_model.module, spec_model.draft
+
+    def draft_step(dp, e, tokens, pos, cache):
+        return draft.make_step(dp, e)(tokens, pos, cache)  # the cache is built once, above
+
+    largest = max([gamma + 1, *block_sizes])
+    return time_decoder_steps(
+        decoder_step(module),
+        (target_params, enc),
+        target_cache,
+        draft_step,
+        (draft_params, enc),
+        draft_cache,
+        batch=enc.shape[0],
+        position=max(0, min(position, max_decode_len - largest)),
+        gamma=gamma,
+        repeats=repeats,
+        block_sizes=tuple(block_sizes),
+    )
