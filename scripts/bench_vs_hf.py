@@ -19,7 +19,7 @@ import tempfile
 from specdec_t5x import gin_utils, provenance
 from specdec_t5x import inputs as inputs_lib
 from specdec_t5x.bench import vs_hf as vs_hf_lib
-from specdec_t5x.eval import summary
+from specdec_t5x.eval import tables
 
 
 def main(argv=None) -> pathlib.Path:
@@ -54,9 +54,7 @@ def main(argv=None) -> pathlib.Path:
     command = shlex.join(
         ["python", "scripts/bench_vs_hf.py", *(sys.argv[1:] if argv is None else argv)]
     )
-    path = provenance.write_results(
-        result, args.out_dir, name, command, summary.hf_comparison_table
-    )
+    path = provenance.write_results(result, args.out_dir, name, command, tables.hf_comparison_table)
     path.with_suffix(".gin").write_text(gin_utils.operative_config())
     print(path.with_suffix(".md").read_text())
     return path

@@ -16,7 +16,6 @@ import numpy as np
 
 from specdec_t5x import decoding, drafts, metrics, models, provenance, vocab
 from specdec_t5x import inputs as inputs_lib
-from specdec_t5x.eval import summary
 
 
 def _greedy_fn(draft):
@@ -54,7 +53,7 @@ def main() -> None:
             for i, e in enumerate(rows):
                 enc[i, : len(e["inputs"])] = e["inputs"]
             out = np.asarray(greedy(draft.params, jnp.asarray(enc))[:, -1])
-            predictions += [summary.decode_text(vocabulary, t, 1) for t in out[: len(rows)]]
+            predictions += [metrics.decode_text(vocabulary, t, 1) for t in out[: len(rows)]]
         result["bleu"][name] = metrics.bleu(references, predictions)["bleu"]
         result.setdefault("first_predictions", {})[name] = predictions[:3]
     result.update(

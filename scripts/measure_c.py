@@ -16,7 +16,7 @@ import gin
 
 from specdec_t5x import gin_utils, provenance
 from specdec_t5x.bench import random_pair
-from specdec_t5x.eval import summary
+from specdec_t5x.eval import tables
 
 
 def build_config(model: str, dtype: str, bindings: list[str]):
@@ -69,7 +69,7 @@ def main(argv=None) -> pathlib.Path:
     command = shlex.join(
         ["python", "scripts/measure_c.py", *(sys.argv[1:] if argv is None else argv)]
     )
-    path = provenance.write_results(result, args.out_dir, name, command, summary.step_cost_table)
+    path = provenance.write_results(result, args.out_dir, name, command, tables.step_cost_table)
     path.with_suffix(".target.gin").write_text(target_gin)
     path.with_suffix(".draft.gin").write_text(draft_gin)
     print(path.with_suffix(".md").read_text())

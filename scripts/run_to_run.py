@@ -9,7 +9,7 @@ Each RESULTS_DIR is an eval output folder holding metrics.json (`python -m specd
 import argparse
 import pathlib
 
-from specdec_t5x.eval import summary
+from specdec_t5x.eval import summary, tables
 
 
 def main() -> None:
@@ -20,7 +20,7 @@ def main() -> None:
     missing = [str(d) for d in args.dirs if not (d / "metrics.json").is_file()]
     if missing:
         raise SystemExit(f"no metrics.json in {missing}")
-    footer = summary.provenance_footer([d / "metrics.json" for d in args.dirs])
+    footer = tables.provenance_footer([d / "metrics.json" for d in args.dirs])
     text = summary.run_to_run_table(args.dirs) + "\n\n" + footer + "\n"
     print(text)
     if args.out:

@@ -8,7 +8,7 @@ Each RESULTS_DIR is an eval output folder holding metrics.json (or a parent of s
 import argparse
 import pathlib
 
-from specdec_t5x.eval import summary
+from specdec_t5x.eval import tables
 
 
 def main() -> None:
@@ -25,8 +25,8 @@ def main() -> None:
         )
     if not files:
         raise SystemExit(f"no metrics.json under {args.dirs}")
-    table = summary.results_table(files)
-    footer = "\n" + summary.provenance_footer(files)
+    table = tables.results_table(files)
+    footer = "\n" + tables.provenance_footer(files)
     print(table + footer)
     if args.out:
         pathlib.Path(args.out).write_text(table + "\n" + footer + "\n")

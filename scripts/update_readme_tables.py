@@ -9,7 +9,7 @@ from results/demo, results/table2 and results/table3 (run the scripts that make 
 import json
 import pathlib
 
-from specdec_t5x.eval import summary
+from specdec_t5x.eval import tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -22,7 +22,7 @@ def _metrics(path: pathlib.Path) -> dict:
 def _table(dirs) -> str:
     """The rows' table and their provenance: one line, or one per commit when the rows differ."""
     files = [d / "metrics.json" for d in dirs]
-    return summary.results_table(files) + "\n\n" + summary.provenance_footer(files)
+    return tables.results_table(files) + "\n\n" + tables.provenance_footer(files)
 
 
 def _sweep(m: dict) -> str:

@@ -7,6 +7,8 @@ nltk, ~1.5 s) are imported on first use so that importing this module stays chea
 
 from collections.abc import Sequence
 
+import numpy as np
+
 
 def bleu(
     targets: Sequence[str] | Sequence[Sequence[str]],
@@ -114,3 +116,25 @@ def rouge_mean(
         for key in score_keys:
             totals[key] += scores[key].fmeasure
     return {key: 100 * totals[key] / max(len(targets), 1) for key in score_keys}
+
+
+def until_eos(tokens: Sequence[int] | np.ndarray, eos_id: int) -> list[int]:
+    """Tokens up to and including the first EOS (the padding after it dropped)."""
+    tokens = [int(t) for t in tokens]
+    return tokens[: tokens.index(eos_id) + 1] if eos_id in tokens else tokens
+
+
+def decode_text(vocabulary, tokens: np.ndarray, eos_id: int) -> str:
+    """Text of int32 [len] tokens up to EOS (space-separated ids without a vocabulary)."""
+    ids = [t for t in until_eos(tokens, eos_id) if t != eos_id]
+    return vocabulary.decode(ids) if vocabulary is not None else " ".join(map(str, ids))
+
+
+def quality(seqio_task, vocabulary, examples, tokens, eos_id) -> dict[str, float]:
+    """The task's own seqio metrics (BLEU, ROUGE, ...) of decoded tokens against the references."""
+    predictions = [decode_text(vocabulary, t, eos_id) for t in tokens]
+    targets = [e["targets_pretokenized"] for e in examples]
+    scores = {}
+    for metric_fn in seqio_task.metric_fns:
+        scores.update({k: float(v) for k, v in metric_fn(targets, predictions).items()})
+    return scores

@@ -10,7 +10,7 @@ from conftest import init_params, tiny_config
 
 from specdec_t5x import drafts, models, network
 from specdec_t5x.bench import random_pair, vs_hf
-from specdec_t5x.eval import summary
+from specdec_t5x.eval import tables
 from specdec_t5x.timing import clock, step_timer
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "measure_c.py"
@@ -117,7 +117,7 @@ def test_compare_with_hf_on_tiny_models(tmp_path):
     # Greedy speculative decoding is exact in both implementations, and they agree.
     assert result["hf_assisted_equals_greedy"] == result["ours_speculative_equals_greedy"] == 3
     assert result["ours_equals_hf"] == 3
-    assert "| HF transformers" in summary.hf_comparison_table(result)
+    assert "| HF transformers" in tables.hf_comparison_table(result)
 
 
 def test_call_order_is_a_seeded_permutation_independent_of_example_parity():

@@ -14,7 +14,7 @@ from conftest import init_params, perturbed, tiny_config, tiny_spec_pair
 
 from specdec_t5x import gin_utils, models, network, speculative, theory, vocab
 from specdec_t5x import inputs as inputs_lib
-from specdec_t5x.eval import job, summary
+from specdec_t5x.eval import checks, job, summary, tables
 from specdec_t5x.timing import loops
 
 REQUIRED_KEYS = (
@@ -148,7 +148,7 @@ def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path)
     assert len(rows) == 4 and "| auto (" in rows[3] and f"X ({low:.2f}–{high:.2f}) |" in rows[3]
     # An auto headline that never ran speculatively says "off" instead of an α.
     off = {**metrics, **auto, "gamma": "auto", "gamma_chosen": {"0": 2}, "alpha_display": "off"}
-    assert "| auto (off×2) | off |" in summary.table_row(off)
+    assert "| auto (off×2) | off |" in tables.table_row(off)
     with pytest.raises(ValueError, match="'auto'"):
         job.evaluate(*tiny_pair, "ddtp_ende", str(out), gamma="5", temperature=0.0)
 
@@ -192,7 +192,7 @@ def test_near_tie_report_names_position_and_gap(tiny_pair):
     enc = jnp.asarray([5, 6, 7, 1] + [0] * 4, jnp.int32)
     base = jnp.asarray([9, 9, 9, 1, 0, 0], jnp.int32)
     other = base.at[2].set(10)
-    report = summary.near_tie_report(spec_model.module, params, enc, base, other)
+    report = checks.near_tie_report(spec_model.module, params, enc, base, other)
     assert report["position"] == 2 and report["speculative_token"] == 10
     assert report["baseline_token"] == 9
     # Independently: the teacher-forced logits at position 2 (decoder input [0, 9, 9, ...]).
@@ -450,7 +450,7 @@ def test_eval_job_holds_one_copy_of_each_decoder_projection(data_dir, tmp_path, 
         base = models.EncoderDecoderModel(model.module)
         want = base.predict_batch(raw, batch, decoder_params={"temperature": 0.0})[0]
     row = json.loads((out / "predictions.jsonl").read_text().splitlines()[0])
-    text = summary.decode_text(model.output_vocabulary, jax.device_get(want), model.eos_id)
+    text = metrics.decode_text(model.output_vocabulary, jax.device_get(want), model.eos_id)
     assert row["baseline"] == row["speculative"] == text
     assert metrics["identical_fraction"] == 1.0 and metrics["cpu_weight_dtype"] == "float32"
 
@@ -531,34 +531,10 @@ def test_provenance_footer_names_each_commits_rows(tmp_path):
 
     a, b = run("ende_t0", "aaa", "2026-01-01"), run("sum_t0", "bbb", "2026-01-02")
     c = run("sum_t1", "bbb", "2026-01-03")
-    assert summary.provenance_footer([a]) == "Hardware: cpu of ende_t0; commit `aaa`; 2026-01-01."
-    footer = summary.provenance_footer([a, b, c])
+    assert tables.provenance_footer([a]) == "Hardware: cpu of ende_t0; commit `aaa`; 2026-01-01."
+    footer = tables.provenance_footer([a, b, c])
     assert footer.startswith("Rows from more than one run:")
     assert "- ende_t0: commit `aaa`, 2026-01-01 to 2026-01-01; cpu of ende_t0." in footer
     assert "- sum_t0, sum_t1: commit `bbb`, 2026-01-02 to 2026-01-03; cpu of sum_t0." in footer
     with pytest.raises(ValueError, match="at least one"):
-        summary.provenance_footer([])
-
-
-def test_run_to_run_table_reads_each_runs_own_record(tmp_path):
-    run = pathlib.Path(__file__).resolve().parents[1] / "results/table3/embedded_sum_model_t0"
-    m = json.loads((run / "metrics.json").read_text())
-    tb = m["time_budget"]
-    base, spec = m["baseline_seconds"] * 1e3, m["speculative_seconds"] * 1e3
-    setup_t, setup_d = tb["baseline"]["setup_target"], tb["speculative"]["setup_draft"]
-    eq1 = tb["ladder"]["model calls, iterations from Eq. 1 at α"]
-    header, rule, row = summary.run_to_run_table([run]).splitlines()
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert len(cells) == len(header.strip("|").split("|")) == 12
-    assert cells[0] == "table3/embedded_sum_model_t0"
-    assert cells[5] == f"{setup_t / base:.0%}"
-    assert cells[7] == f"{(base - setup_t) / (spec - setup_t - setup_d):.3f}X"
-    assert cells[8] == f"{eq1:.3f}X" == f"{m['predicted_speedup_measured_verify']:.3f}X"
-    assert cells[11] == f"{eq1 / m['speedup'] - 1:+.1%}"
-    bare = tmp_path / "bare"
-    bare.mkdir()
-    (bare / "metrics.json").write_text(
-        json.dumps({k: v for k, v in m.items() if k != "time_budget"})
-    )
-    with pytest.raises(ValueError, match="measure_time_budget=False"):
-        summary.run_to_run_table([bare])
+        tables.provenance_footer([])

@@ -9,7 +9,7 @@ import pytest
 from conftest import encoder_inputs, perturbed
 
 from specdec_t5x import auto_gamma, drafts, models, speculative, theory
-from specdec_t5x.eval import summary
+from specdec_t5x.eval import tables
 from specdec_t5x.timing import cost_curve, loops
 
 
@@ -231,7 +231,7 @@ def test_summarise_auto_reports_off_and_the_choices():
         [1.0] * 3, [1.0] * 3, [stats, None, None], [2, 0, 0], [1.2, None, 1.0]
     )
     assert timed["baseline_timing_examples"] == 1 and timed["gamma_chosen"] == {"0": 2, "2": 1}
-    assert summary.auto_choices(timed) == "off×1, baseline timing×1, 2×1"
+    assert tables.auto_choices(timed) == "off×1, baseline timing×1, 2×1"
 
 
 def test_bootstrap_interval_brackets_the_ratio_and_rejects_mismatched_runs():

@@ -35,7 +35,7 @@ import numpy as np
 
 from specdec_t5x import auto_gamma, provenance
 from specdec_t5x import inputs as inputs_lib
-from specdec_t5x.eval import summary
+from specdec_t5x.eval import tables
 from specdec_t5x.timing import clock, cost_curve
 
 
@@ -206,7 +206,7 @@ def markdown(result: Mapping[str, Any], title: str) -> str:
     fmt = lambda x, spec: "–" if x is None else format(x, spec)  # noqa: E731
     for name, row in result["rows"].items():
         if "gamma_chosen" in row:
-            gamma = summary.auto_choices(row)
+            gamma = tables.auto_choices(row)
         else:
             gamma = str(row["gamma"])
         alpha = "off" if row["alpha"] is None else f"{row['alpha']:.2f}"

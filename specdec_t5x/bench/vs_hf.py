@@ -1,6 +1,6 @@
 """Side by side with Hugging Face assisted generation (needs torch + transformers, the [hf] extra).
 
-`scripts/bench_vs_hf.py` runs `compare_with_hf` and writes `summary.hf_comparison_table`.
+`scripts/bench_vs_hf.py` runs `compare_with_hf` and writes `tables.hf_comparison_table`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import jax
 import numpy as np
 
 from specdec_t5x import inputs as inputs_lib
-from specdec_t5x import models, steps
+from specdec_t5x import metrics, models, steps
 from specdec_t5x.bench import random_pair
-from specdec_t5x.eval import summary
 
 
 def compare_with_hf(
@@ -136,7 +135,7 @@ def compare_with_hf(
             start = time.perf_counter()
             out = runs[name](example)
             seconds[name] += time.perf_counter() - start
-            tokens[name].append(summary.until_eos(out, eos))
+            tokens[name].append(metrics.until_eos(out, eos))
     same = lambda a, b: sum(x == y for x, y in zip(tokens[a], tokens[b], strict=True))
     return {
         **{f"{name}_s": value for name, value in seconds.items()},

@@ -1,7 +1,7 @@
 """The eval job's self-checks in argmax mode (temperature 0), where tokens must agree exactly.
 
 * `near_ties`: each example whose speculative tokens differ from the baseline's gets a near-tie
-  report (`summary.near_tie_report`: first differing position, the target's top-2 logit gap there).
+  report (`near_tie_report`: first differing position, the target's top-2 logit gap there).
   Speculative decoding in argmax mode returns the target's greedy tokens (Leviathan et al., 2022,
   §2.3), so a difference can only come from floating-point near ties between two numerically
   different but equivalent computations (one k-token verify call vs k one-token calls).
@@ -23,13 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x import models
-from specdec_t5x.eval import summary
 
 
 def near_ties(
     module, target_params, inputs: np.ndarray, baseline_tokens: Sequence, speculative_tokens
 ) -> list[dict[str, Any]]:
-    """`{'example': index, **summary.near_tie_report(...)}` per example whose tokens differ.
+    """`{'example': index, **near_tie_report(...)}` per example whose tokens differ.
 
     Args:
       module: the target network; target_params: its parameters (raw or packed).
@@ -37,7 +36,7 @@ def near_ties(
       baseline_tokens, speculative_tokens: int32 [max_decode_len] decodes per example.
     """
     return [
-        {"example": idx, **summary.near_tie_report(module, target_params, inputs[idx], b, s)}
+        {"example": idx, **near_tie_report(module, target_params, inputs[idx], b, s)}
         for idx, (b, s) in enumerate(zip(baseline_tokens, speculative_tokens, strict=True))
         if not np.array_equal(b, s)
     ]
@@ -54,7 +53,7 @@ def weight_flips(module, settings, float32_params, bfloat16_params, batches, tok
 
     Returns:
       {'identical_fraction_vs_float32', 'num_flipped', 'max_float32_logit_gap', 'flips': one
-      `summary.weight_flip_report` per differing example, with its index}.
+      `weight_flip_report` per differing example, with its index}.
     """
     float32_model = models.EncoderDecoderModel(module, cpu_weight_dtype="float32")
     base_fn = jax.jit(
@@ -67,9 +66,7 @@ def weight_flips(module, settings, float32_params, bfloat16_params, batches, tok
     flips = [
         {
             "example": idx,
-            **summary.weight_flip_report(
-                module, float32_params, bfloat16_params, inputs[idx], a, b
-            ),
+            **weight_flip_report(module, float32_params, bfloat16_params, inputs[idx], a, b),
         }
         for idx, (a, b) in enumerate(zip(reference, tokens, strict=True))
         if not np.array_equal(a, b)
@@ -98,7 +95,7 @@ def greedy_flip_report(spec_model, target_params, gamma: int, examples, input_le
     """Greedy baseline vs greedy speculative decodes of `examples` in one batch, and what differs.
 
     Used with bfloat16 activations (`scripts/bf16_near_ties.py`): each differing example gets a
-    `summary.near_tie_report` plus the bfloat16 spacing at the top logit there.
+    `near_tie_report` plus the bfloat16 spacing at the top logit there.
 
     Args:
       spec_model: `models.SpeculativeEncoderDecoderModel` (its draft's own params are used).
@@ -123,9 +120,7 @@ def greedy_flip_report(spec_model, target_params, gamma: int, examples, input_le
     baseline, spec = np.asarray(baseline), np.asarray(spec)
     flips = []
     for i in np.flatnonzero((baseline != spec).any(-1)):
-        report = summary.near_tie_report(
-            spec_model.module, target_params, enc[i], baseline[i], spec[i]
-        )
+        report = near_tie_report(spec_model.module, target_params, enc[i], baseline[i], spec[i])
         logits = spec_model.module.apply(
             {"params": target_params},
             enc[i : i + 1],
@@ -209,3 +204,82 @@ def kernel_greedy_identity(spec_model, raw_params, examples, gamma: int) -> dict
         ]
         result["variants"][name] = {"identical": len(toks) - len(diffs), "differing": diffs}
     return result
+
+
+def _teacher_forced_logits(module, params, encoder_input_tokens, tokens) -> np.ndarray:
+    """float32 [len, vocab] logits of the full forward on int32 [len] `tokens` (shifted right)."""
+    targets = jnp.asarray(tokens)[None]  # [1, len]
+    dec_in = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))  # shifted right: start token 0
+    return np.asarray(
+        module.apply(
+            {"params": params},
+            jnp.asarray(encoder_input_tokens)[None],
+            dec_in,
+            jnp.ones_like(targets),
+            enable_dropout=False,
+        )[0]
+    )
+
+
+def near_tie_report(module, target_params, encoder_input_tokens, baseline, speculative_tokens):
+    """Where greedy outputs differ: the first differing position and the target's top-2 gap there.
+
+    Args:
+      module: target network.
+      target_params: its parameters.
+      encoder_input_tokens: int32 [enc_len].
+      baseline: int32 [max_decode_len] baseline greedy tokens.
+      speculative_tokens: int32 [max_decode_len] speculative tokens (differing somewhere).
+
+    Returns:
+      dict with `position`, `baseline_token`, `speculative_token`, `top2_logit_gap` (float, logits
+      units, computed with the teacher-forced full forward on the baseline prefix) and
+      `speculative_is_runner_up`.
+    """
+    diff = np.nonzero(np.asarray(baseline) != np.asarray(speculative_tokens))[0]
+    t = int(diff[0])
+    logits = _teacher_forced_logits(module, target_params, encoder_input_tokens, baseline)[t]
+    order = np.argsort(logits)
+    top2 = logits[order[-2:]]
+    return {
+        "position": t,
+        "baseline_token": int(baseline[t]),
+        "speculative_token": int(speculative_tokens[t]),
+        "top2_logit_gap": float(top2[1] - top2[0]),
+        "speculative_is_runner_up": int(order[-2]) == int(speculative_tokens[t]),
+    }
+
+
+def weight_flip_report(
+    module, float32_params, bfloat16_params, encoder_input_tokens, float32_tokens, bfloat16_tokens
+):
+    """What bfloat16-stored CPU weights flipped in a greedy decode (`CPU_WEIGHT_DTYPE='bfloat16'`).
+
+    Both decodes share the prefix before the first differing position t; there the float32-weight
+    model chose token a and the bfloat16-weight model token b. Each model's logits come from the
+    teacher-forced full forward on its own decode.
+
+    Args:
+      module: target network.
+      float32_params, bfloat16_params: its parameters with float32 / bfloat16 packed panels.
+      encoder_input_tokens: int32 [enc_len].
+      float32_tokens, bfloat16_tokens: int32 [max_decode_len] greedy decodes (differing somewhere).
+
+    Returns:
+      dict with `position` t, `float32_token` a, `bfloat16_token` b, `float32_logit_gap`
+      (l32[a] - l32[b] >= 0: how far from a tie the float32 model was, logits units),
+      `bfloat16_logit_gap` (l16[b] - l16[a] >= 0) and `bfloat16_is_float32_runner_up`.
+    """
+    diff = np.nonzero(np.asarray(float32_tokens) != np.asarray(bfloat16_tokens))[0]
+    t = int(diff[0])
+    a, b = int(float32_tokens[t]), int(bfloat16_tokens[t])
+    l32 = _teacher_forced_logits(module, float32_params, encoder_input_tokens, float32_tokens)[t]
+    l16 = _teacher_forced_logits(module, bfloat16_params, encoder_input_tokens, bfloat16_tokens)[t]
+    return {
+        "position": t,
+        "float32_token": a,
+        "bfloat16_token": b,
+        "float32_logit_gap": float(l32[a] - l32[b]),
+        "bfloat16_logit_gap": float(l16[b] - l16[a]),
+        "bfloat16_is_float32_runner_up": int(np.argsort(l32)[-2]) == b,
+    }

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import gin
 
 from specdec_t5x import decoding, gin_utils, multihost, provenance, speculative
-from specdec_t5x.eval import job, summary
+from specdec_t5x.eval import job, tables
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (imported by seqio) is chatty
 
@@ -90,8 +90,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     # Written once, after the call: only then does the operative config hold every value used.
     out_dir = gin.query_parameter("%EVAL_OUTPUT_DIR")
     provenance.write_operative_config(out_dir, gin_utils.operative_config())
-    print(summary.TABLE_HEADER)
-    print(summary.table_row(metrics))
+    print(tables.TABLE_HEADER)
+    print(tables.table_row(metrics))
     print(json.dumps({k: metrics[k] for k in ("identical_fraction", "speedup")}))
     if "weight_flips" in metrics:  # CPU_WEIGHT_DTYPE='bfloat16': what the rounding changed
         flips = metrics["weight_flips"]

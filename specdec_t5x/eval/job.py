@@ -37,9 +37,17 @@ import numpy as np
 import tqdm
 from absl import logging as absl_logging
 
-from specdec_t5x import auto_gamma, cpu_kernel, models, multihost, provenance, sampling, steps
+from specdec_t5x import (
+    auto_gamma,
+    cpu_kernel,
+    models,
+    multihost,
+    provenance,
+    sampling,
+    steps,
+)
 from specdec_t5x import inputs as inputs_lib
-from specdec_t5x.eval import checks, summary
+from specdec_t5x.eval import checks, summary, tables
 from specdec_t5x.eval import diagnostics as diagnostics_lib
 from specdec_t5x.timing import clock, loops
 
@@ -122,7 +130,7 @@ def _add_auto_row(metrics, runs, choices, headline, quality_args) -> None:
         predicted = row["predicted_speedup"]
         metrics["measured_over_predicted"] = row["speedup"] / predicted if predicted else None
         seqio_task, vocabulary, examples, eos_id = quality_args
-        metrics["quality"]["speculative"] = summary.quality(
+        metrics["quality"]["speculative"] = metrics.quality(
             seqio_task, vocabulary, examples, run.tokens, eos_id
         )
 
@@ -534,7 +542,7 @@ def evaluate(
     metrics.update(provenance.record(command or " ".join(sys.argv)))
     metrics["hardware"] = provenance.hardware_description(metrics["hardware"])  # one line
     if jax.process_index() == 0:
-        summary.write_eval_outputs(
+        tables.write_eval_outputs(
             out_dir, metrics, runs, gammas, gamma, examples, vocabulary, eos_id
         )
     return metrics

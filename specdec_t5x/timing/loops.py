@@ -216,9 +216,7 @@ def loop_costs(
             f"{[(tuple(s.shape), str(s.dtype)) for s in sources]}."
         )
     tp, dp = step_timer.packed(spec_model, target_params, draft_params)
-    caches = [
-        step_timer.caches(spec_model, tp, dp, enc, max_decode_len) for enc in sources
-    ]
+    caches = [step_timer.caches(spec_model, tp, dp, enc, max_decode_len) for enc in sources]
     module, draft = spec_model.module, spec_model.draft
     vocab, batch = module.config.vocab_size, sources[0].shape[0]
     inputs = jnp.zeros((batch, max_decode_len), jnp.int32)
