@@ -37,7 +37,7 @@ def main(argv=None) -> pathlib.Path:
     # HF's assisted generation runs the draft's full logits layer: so do we here (no shortlist).
     gin_utils.parse(args.gin_file, ["DRAFT_SHORTLIST = None", *args.gin, what], finalize=False)
     spec_model, target_params, task, gamma = gin_utils.build()
-    examples, _ = inputs_lib.load_examples(
+    examples, _, _ = inputs_lib.load_examples(
         task, args.split, args.num_examples, args.input_len, args.target_len
     )
     with tempfile.TemporaryDirectory() as work_dir:

@@ -5,7 +5,7 @@
       --tag pinned --rounds 20                                          # one core + per-op split
   python scripts/profile_verify.py --models tiny --ks 1,2 --rounds 2 --out /tmp/v   # smoke
 
-All logic, options and outputs: `specdec_t5x/verify_cost.py` (`python scripts/profile_verify.py -h`).
+All logic, options and outputs: `specdec_t5x/bench/verify_cost.py` (`python scripts/profile_verify.py -h`).
 Findings: results/verify_cost/README.md.
 """
 

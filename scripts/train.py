@@ -1,4 +1,4 @@
-"""Trains a model with `specdec_t5x.train.train`, configured by gin.
+"""Trains a model with `specdec_t5x.training.train.train`, configured by gin.
 
     python scripts/train.py --gin_file=gin/models/embedded_ende_target.gin \
         --gin_file=gin/runs/train.gin --gin.RUN_DIR="'train_runs/target'" --gin.NUM_STEPS=1000

@@ -11,6 +11,7 @@ only (no seqio, TensorFlow).
 from __future__ import annotations
 
 import difflib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,26 +19,44 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+logger = logging.getLogger(__name__)
+
 
 def pad_rows(
-    rows: Sequence[Sequence[int]], length: int, *, truncate: bool = True, name: str = "row"
+    rows: Sequence[Sequence[int]], length: int, *, truncate: bool = False, name: str = "row"
 ) -> np.ndarray:
     """int32 [len(rows), length]: each row's tokens, then zeros.
 
     Args:
       rows: token sequences (lists or int arrays), any lengths.
       length: width of the matrix.
-      truncate: cut rows longer than `length`; False raises instead.
-      name: what a row is called in the error message (e.g. 'inputs').
+      truncate: cut rows longer than `length` (their EOS too), with a warning that counts them;
+        False (default) raises instead.
+      name: what a row is called in the messages (e.g. 'inputs').
 
     Raises:
       ValueError: with truncate=False, a row longer than `length` (naming its index and length).
     """
     out = np.zeros((len(rows), length), np.int32)
+    cut = []
     for i, row in enumerate(rows):
-        if len(row) > length and not truncate:
-            raise ValueError(f"{name}[{i}] has {len(row)} tokens > {name}_len={length}.")
+        if len(row) > length:
+            if not truncate:
+                raise ValueError(
+                    f"{name}[{i}] has {len(row)} tokens > {name}_len={length}; pass a larger "
+                    "length, or truncate=True to cut such rows (their EOS included)."
+                )
+            cut.append(len(row))
         out[i, : min(len(row), length)] = np.asarray(row[:length], np.int32)
+    if cut:
+        logger.warning(
+            "pad_rows: cut %d of %d %ss longer than %d tokens (the longest had %d).",
+            len(cut),
+            len(rows),
+            name,
+            length,
+            max(cut),
+        )
     return out
 
 
@@ -47,7 +66,7 @@ def decode_batch(
     """{'encoder_input_tokens': int32 [n, input_len] (rows padded / truncated), 'decoder_input_tokens':
     int32 [n, max_decode_len] zeros} for `predict_batch_with_aux` of the n rows."""
     return {
-        "encoder_input_tokens": jnp.asarray(pad_rows(encoder_rows, input_len)),
+        "encoder_input_tokens": jnp.asarray(pad_rows(encoder_rows, input_len, truncate=True)),
         "decoder_input_tokens": jnp.zeros((len(encoder_rows), max_decode_len), jnp.int32),
     }
 
@@ -66,8 +85,10 @@ def load_examples(
     `vocabulary` (the model's, from gin) when given, so tokeniser and model always agree.
 
     Returns:
-      list of dicts with `inputs` / `targets` int32 NumPy arrays (unpadded, <= the lengths) and
-      their `*_pretokenized` strings.
+      (examples, the seqio task, a report). Examples: dicts with `inputs` / `targets` int32
+      NumPy arrays (unpadded, <= the lengths) and their `*_pretokenized` strings. The report
+      (`input_report`, each finding also logged as a warning): {'requested', 'available',
+      'truncated', 'truncated_max_tokens', 'empty'}.
 
     Raises:
       ValueError: num_examples < 1, an unknown task name (with close matches), or the task yields
@@ -111,7 +132,52 @@ def load_examples(
         )
     if not examples:
         raise ValueError(f"task {task_name!r} has no examples in split {split!r}.")
-    return examples, task
+    return examples, task, input_report(examples, num_examples, input_len, task)
+
+
+def input_report(examples, requested: int, input_len: int, task=None) -> dict[str, Any]:
+    """What the inputs lost or lack, each finding logged as a warning.
+
+    Args:
+      examples: `load_examples` dicts; requested: the examples asked for; input_len: the
+        encoder length they were cut to; task: the seqio task (its input vocabulary measures
+        each untruncated input from its `inputs_pretokenized` text; None: not measured).
+
+    Returns:
+      {'requested', 'available' (examples in the split, up to `requested`), 'truncated'
+      (inputs longer than input_len, EOS counted, cut to it), 'truncated_max_tokens' (the
+      longest such input's tokens, or None), 'empty' (inputs with no token but EOS)}.
+    """
+    report = {"requested": requested, "available": len(examples)}
+    if len(examples) < requested:
+        logger.warning(
+            "the split has %d examples, fewer than the %d asked for (NUM_EXAMPLES): running on %d.",
+            len(examples),
+            requested,
+            len(examples),
+        )
+    lengths = []
+    if task is not None and "inputs" in getattr(task, "output_features", {}):
+        vocab = task.output_features["inputs"].vocabulary
+        lengths = [len(vocab.encode(e["inputs_pretokenized"])) + 1 for e in examples]  # + EOS
+    cut = [n for n in lengths if n > input_len]
+    report.update(truncated=len(cut), truncated_max_tokens=max(cut, default=None))
+    if cut:
+        logger.warning(
+            "%d of %d inputs are longer than INPUT_LEN=%d tokens and were cut to it (EOS "
+            "included; the longest had %d tokens).",
+            len(cut),
+            len(examples),
+            input_len,
+            max(cut),
+        )
+    report["empty"] = sum(1 for e in examples if np.count_nonzero(e["inputs"]) <= 1)
+    if report["empty"]:
+        logger.warning(
+            "%d inputs are empty (EOS only): their outputs are the model's guesses.",
+            report["empty"],
+        )
+    return report
 
 
 def example_batches(

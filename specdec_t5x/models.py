@@ -155,7 +155,7 @@ class EncoderDecoderModel:
         """Per-token cross-entropy (with label smoothing) and z-loss, the weights and the normaliser.
 
         The pieces of `loss_fn` (T5X's `cross_entropy_with_logits` and `compute_weighted_cross_
-        entropy`), shared with `specdec_t5x.distill.distillation_loss` so both honour
+        entropy`), shared with `specdec_t5x.training.distill.distillation_loss` so both honour
         `label_smoothing`, `z_loss` and `loss_normalizing_factor`.
 
         Args:

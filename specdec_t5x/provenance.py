@@ -113,6 +113,7 @@ def record(command: str, repo: str | os.PathLike = REPO) -> dict[str, Any]:
         "commit": git_commit(repo),
         "hardware": hardware_info(),
         "date": utc_date(),
+        "switches": switches(),
     }
 
 
@@ -154,3 +155,36 @@ def write_operative_config(out_dir: str | os.PathLike, config: str) -> pathlib.P
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(config)
     return path
+
+
+# The A/B switches read from the environment at trace or pack time ("0" turns one off; unset is
+# on). Every run records which were in force (`switches`).
+SWITCHES = {
+    "SPECDEC_CPU_KERNEL": "CPU matmul kernel for the decoder projections",
+    "SPECDEC_CPU_ATTENTION": "fused CPU attention kernel (with the matmul kernel)",
+    "SPECDEC_CPU_KERNEL_SETUP": "CPU kernel for the set-up projections (encoder, cross K/V)",
+    "SPECDEC_ENCODER_BUCKETS": "encoder run at 32-token length buckets",
+}
+
+
+def switches() -> dict[str, str]:
+    """{switch: 'on' | 'off' | the raw value} for every A/B switch in `SWITCHES`."""
+    out = {}
+    for name in SWITCHES:
+        value = os.environ.get(name)
+        out[name] = "on" if value in (None, "", "1") else ("off" if value == "0" else value)
+    return out
+
+
+def tree_shapes(tree: Any) -> str:
+    """A short hash of a parameter tree's paths, shapes and dtypes (same model, same hash)."""
+    import hashlib
+
+    import jax
+
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    text = ";".join(
+        f"{jax.tree_util.keystr(path)}:{getattr(v, 'shape', ())}:{getattr(v, 'dtype', type(v))}"
+        for path, v in leaves
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -83,6 +83,12 @@ class SamplingSettings:
     topp: float = 0.0
 
     def __post_init__(self):
+        for name, value in (("temperature", self.temperature), ("topp", self.topp)):
+            if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
+                raise ValueError(
+                    f"{name} (gin: {name.upper()}) must be a number; got {value!r} "
+                    f"({type(value).__name__})."
+                )
         validate(self.temperature, self.topk, self.topp)
 
     @property

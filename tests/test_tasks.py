@@ -90,12 +90,12 @@ def test_unknown_split_names_the_valid_ones():
 
 
 def test_unknown_task_and_zero_examples_are_named():
-    from specdec_t5x import eval_inputs
+    from specdec_t5x import inputs as inputs_lib
 
     with pytest.raises(ValueError, match=r"'ddtp_endee' \(gin: TASK\); did you mean ddtp_ende"):
-        eval_inputs.load_examples("ddtp_endee", "test", 1, 8, 8)
+        inputs_lib.load_examples("ddtp_endee", "test", 1, 8, 8)
     with pytest.raises(ValueError, match=r"NUM_EXAMPLES\) must be an int >= 1; got 0"):
-        eval_inputs.load_examples(tasks.DDTP_TASK, "test", 0, 8, 8)
+        inputs_lib.load_examples(tasks.DDTP_TASK, "test", 0, 8, 8)
 
 
 @pytest.fixture

@@ -211,7 +211,6 @@ def test_quality_metric_bleu_or_rouge():
 
 
 def test_plot_curves_offsets_resumed_runs(tmp_path):
-    from specdec_t5x import train_eval
 
     run = tmp_path / "run"
     run.mkdir()
@@ -221,7 +220,7 @@ def test_plot_curves_offsets_resumed_runs(tmp_path):
     ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "curves.png"
-    train_eval.plot_curves({"a": run, "b": run / "metrics.jsonl"}, out, step_offsets={"b": 1000})
+    validation.plot_curves({"a": run, "b": run / "metrics.jsonl"}, out, step_offsets={"b": 1000})
     assert out.stat().st_size > 0
     with pytest.raises(ValueError, match="'c'"):
-        train_eval.plot_curves({"a": run}, out, step_offsets={"c": 5})
+        validation.plot_curves({"a": run}, out, step_offsets={"c": 5})

@@ -1,6 +1,6 @@
 """Paper-scale speculative decoding on one accelerator, in one command, with real α.
 
-    python -m specdec_t5x.accelerator_bench --out_dir results/accelerator [--smoke]
+    python -m specdec_t5x.bench.accelerator --out_dir results/accelerator [--smoke]
 
 No pretrained T5 weights are reachable, so the models are our trained ones *widened* to the paper's
 shapes (`widen`, function-preserving): the shipped embedded target -> T5 1.1 XXL shape (24+24
@@ -319,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tokens", default=str(TOKENS_FILE), help="export_tokens .npz file")
     parser.add_argument("--commit", help="commit to record where the tree has no .git (a copy)")
     args = parser.parse_args(argv)
-    command = "python -m specdec_t5x.accelerator_bench " + " ".join(argv)
+    command = "python -m specdec_t5x.bench.accelerator " + " ".join(argv)
     return run_benchmark(args.out_dir, args.smoke, args.tokens, command, args.commit)
 
 

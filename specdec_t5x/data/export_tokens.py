@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> pathlib.Path:
     from specdec_t5x import vocab  # seqio/TF live in load_examples and vocab, not in the reader
 
     vocabulary = vocab.get_vocabulary()
-    examples, _ = inputs_lib.load_examples(
+    examples, _, _ = inputs_lib.load_examples(
         args.task, args.split, args.num_examples, args.input_len, args.target_len, vocabulary
     )
     meta = {

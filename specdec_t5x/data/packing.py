@@ -1,4 +1,4 @@
-"""Training data for `specdec_t5x.train`: JSONL text pairs, tokenized once, packed T5X-style.
+"""Training data for `specdec_t5x.training.train`: JSONL text pairs, tokenized once, packed T5X-style.
 
 * `read_jsonl_pairs`: `(input, target)` strings from a corpus built by `specdec_t5x.data.build`.
 * `tokenize`: token ids with the project vocabulary (plain SentencePiece calls, no TensorFlow).
@@ -8,7 +8,7 @@
   same shapes (one compilation).
 * `PackedBatches`: the endless, resumable training stream; `fixed_batches`: validation batches;
   `SourceBatches`: unpacked encoder inputs, one example per row, for generating decoder sequences
-  with a model (on-policy distillation, `specdec_t5x.distill`).
+  with a model (on-policy distillation, `specdec_t5x.training.distill`).
 """
 
 from __future__ import annotations

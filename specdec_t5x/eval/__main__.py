@@ -3,4 +3,4 @@
 from specdec_t5x.eval import cli
 
 if __name__ == "__main__":
-    cli.main()
+    cli.run()

@@ -1,17 +1,20 @@
-"""Entry point of the main job: `python -m specdec_t5x.eval --gin_file=... [--gin.KEY=VALUE ...]`.
+"""Flags of the main job: `python -m specdec_t5x.eval --gin_file=... [--gin.KEY=VALUE ...]`.
 
 T5X-style flags: `--gin_file` (repeatable; paths or names relative to the repository, e.g.
 `gin/experiments/embedded_ende_model_t0.gin`) and `--gin.KEY=VALUE` bindings (e.g.
-`--gin.NUM_EXAMPLES=20`, `--gin.EVAL_OUTPUT_DIR="'/tmp/out'"`). Runs `job.evaluate` as bound
-by `gin/runs/eval.gin`, saves the operative config with the results and prints the table row.
-Several processes (`multihost`): add T5X's `--coordinator_address=HOST:PORT --process_count=N
---process_index=I` (or `--multiprocess` where `jax.distributed` detects them).
+`--gin.NUM_EXAMPLES=20`, `--gin.EVAL_OUTPUT_DIR="'/tmp/out'"`), plus `--quick`, `--overwrite`,
+`--resume` and `--help` (`USAGE`). Runs `job.evaluate` as bound by `gin/runs/eval.gin`, saves the
+operative config with the results and prints the table row. Several processes (`multihost`): add
+T5X's `--coordinator_address=HOST:PORT --process_count=N --process_index=I` (or
+`--multiprocess` where `jax.distributed` detects them). Ctrl-C stops after the call in progress
+with exit status 130, the finished examples on disk (`--resume` continues them).
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -19,9 +22,33 @@ from collections.abc import Sequence
 import gin
 
 from specdec_t5x import decoding, gin_utils, multihost, provenance, speculative
-from specdec_t5x.eval import job, tables
+from specdec_t5x.eval import job, outputs, summary, tables
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (imported by seqio) is chatty
+
+USAGE = """usage: python -m specdec_t5x.eval --gin_file=FILE [--gin_file=...] [--gin.KEY=VALUE ...]
+                                  [--quick] [--overwrite] [--resume]
+
+The main job: baseline vs speculative decoding of a seqio task split, timed side by side.
+
+flags:
+  --gin_file=FILE     a gin file (repeatable), e.g. gin/experiments/embedded_ende_model_t0.gin
+  --gin.KEY=VALUE     a gin binding, e.g. --gin.NUM_EXAMPLES=20 --gin.EVAL_OUTPUT_DIR="'/tmp/out'"
+  --quick             a smoke run: gin/runs/quick.gin (10 examples, step-timer costs, 10 repeats)
+  --overwrite         replace another run's outputs in EVAL_OUTPUT_DIR
+  --resume            continue an interrupted run in EVAL_OUTPUT_DIR (same settings; not auto γ)
+  --help              this text
+
+commonly overridden macros (gin/runs/eval.gin):
+  EVAL_OUTPUT_DIR  results folder (required)       NUM_EXAMPLES  examples decoded (100)
+  GAMMA            γ: int >= 1 or 'auto'           GAMMAS        extra sweep rows ([...] or None)
+  TEMPERATURE      0 = argmax; TOPK / TOPP filters BATCH_SIZE    examples per call (1)
+  INPUT_LEN        encoder length (64)             TARGET_LEN    max decode length (64)
+  SPLIT            task split ('test')             SEED          sampling seed (0)
+  LOOP_COSTS       c from the run's own calls (True)  DIAGNOSTICS  where the time goes (False)
+"""
+
+QUICK_GIN = "gin/runs/quick.gin"
 
 
 def _parameters(fn) -> list[str]:
@@ -31,7 +58,7 @@ def _parameters(fn) -> list[str]:
 # Every argument of the two samplers is set by the job: GAMMA / TEMPERATURE / TOPK / TOPP / SEED /
 # TARGET_LEN through `job.evaluate`, the rest by the models per call (T5X's keywords) or left
 # at their defaults for baseline and speculative decoding alike (token verification, no early exit:
-# block verification and early exit are compared by scripts/gamma_control_table.py). A gin binding
+# block verification and early exit are compared by scripts/gamma_compare.py). A gin binding
 # of any of them would be overridden, or would change one decoder or one row only, so it is an error.
 PER_CALL_PARAMETERS = [
     *(f"speculative.speculative_sample.{p}" for p in _parameters(speculative.speculative_sample)),
@@ -44,7 +71,7 @@ PER_CALL_PARAMETERS = [
 PER_CALL_ROUTE = (
     "the GAMMA / TEMPERATURE / TOPK / TOPP / SEED / TARGET_LEN macros (e.g. --gin.GAMMA=3); every "
     "row verifies token by token without early exit (block verification and early exit: "
-    "scripts/gamma_control_table.py)"
+    "scripts/gamma_compare.py)"
 )
 
 
@@ -61,48 +88,86 @@ def parse_config(files: Sequence[str], bindings: Sequence[str], finalize: bool =
         gin.finalize()
 
 
-def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Splits argv into gin files and bindings; raises ValueError on anything else."""
+def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str], dict[str, bool]]:
+    """Splits argv into gin files, bindings and switches ({'overwrite', 'resume', 'help'}).
+
+    `--quick` appends `QUICK_GIN` after the given gin files.
+
+    Raises:
+      ValueError: an unknown argument, or no --gin_file (without --help).
+    """
     files, bindings = [], []
+    switches = {"overwrite": False, "resume": False, "help": False, "quick": False}
     for arg in argv:
         if arg.startswith("--gin_file="):
             files.append(arg.split("=", 1)[1])
         elif arg.startswith("--gin."):
             bindings.append(arg[len("--gin.") :])
+        elif arg in ("--help", "-h"):
+            switches["help"] = True
+        elif arg.lstrip("-") in switches and arg.startswith("--"):
+            switches[arg[2:]] = True
         else:
             raise ValueError(
-                f"unknown argument {arg!r}; expected --gin_file=FILE or --gin.KEY=VALUE."
+                f"unknown argument {arg!r}; expected --gin_file=FILE, --gin.KEY=VALUE, --quick, "
+                "--overwrite, --resume or --help."
             )
-    if not files:
-        raise ValueError("at least one --gin_file is required (see gin/experiments/).")
-    return files, bindings
+    if not files and not switches["help"]:
+        raise ValueError("at least one --gin_file is required (see gin/experiments/; --help).")
+    if switches.pop("quick"):
+        files.append(QUICK_GIN)
+    return files, bindings, switches
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict | None:
+    """Runs the job; returns its metrics (None for --help). Exit status 130 on Ctrl-C."""
     argv = list(sys.argv[1:] if argv is None else argv)
     rest, distributed = multihost.split_flags(argv)  # T5X's --coordinator_address etc.
+    files, bindings, switches = parse_flags(rest)
+    if switches["help"]:
+        print(USAGE)
+        return None
+    if not logging.getLogger().handlers:  # one line per phase, with its time
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+        )
     if distributed is not None:
         multihost.initialize(**distributed)  # before any JAX work (gin may load parameters)
-    files, bindings = parse_flags(rest)
     parse_config(files, bindings)
     evaluate = gin.get_configurable(job.evaluate)
-    metrics = evaluate(command="python -m specdec_t5x.eval " + " ".join(argv))
+    metrics = evaluate(
+        command="python -m specdec_t5x.eval " + " ".join(argv),
+        overwrite=switches["overwrite"],
+        resume=switches["resume"],
+    )
     # Written once, after the call: only then does the operative config hold every value used.
     out_dir = gin.query_parameter("%EVAL_OUTPUT_DIR")
-    provenance.write_operative_config(out_dir, gin_utils.operative_config())
+    outputs.write_atomic(
+        os.path.join(out_dir, provenance.OPERATIVE_CONFIG), gin_utils.operative_config()
+    )
+    flat = summary.flat(metrics)
     print(tables.TABLE_HEADER)
-    print(tables.table_row(metrics))
-    print(json.dumps({k: metrics[k] for k in ("identical_fraction", "speedup")}))
-    if "weight_flips" in metrics:  # CPU_WEIGHT_DTYPE='bfloat16': what the rounding changed
-        flips = metrics["weight_flips"]
+    print("\n".join(tables.rows(metrics)))
+    print(json.dumps({k: flat[k] for k in ("identical_fraction", "speedup")}))
+    if "weight_flips" in flat:  # CPU_WEIGHT_DTYPE='bfloat16': what the rounding changed
+        flips = flat["weight_flips"]
         print(
-            f"bfloat16 CPU weights: {flips['num_flipped']} of {metrics['num_examples']} greedy "
+            f"bfloat16 CPU weights: {flips['num_flipped']} of {flat['num_examples']} greedy "
             f"baselines differ from float32 weights (max float32 logit gap at the flip: "
-            f"{flips['max_float32_logit_gap']}); details: metrics.json 'weight_flips'"
+            f"{flips['max_float32_logit_gap']}); details: metrics.json 'exactness'"
         )
     print(f"results: {out_dir}")
     return metrics
 
 
-if __name__ == "__main__":
-    main()
+def run(argv: Sequence[str] | None = None) -> None:
+    """`main` for the command line: errors as one message, Ctrl-C as exit status 130."""
+    try:
+        main(argv)
+    except KeyboardInterrupt:
+        logging.getLogger(__name__).warning(
+            "interrupted: the finished examples are on disk; --resume continues the run."
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # no interpreter teardown under a running XLA runtime

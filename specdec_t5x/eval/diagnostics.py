@@ -35,7 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_t5x import metrics as metrics_lib
 from specdec_t5x import speculative, theory
+from specdec_t5x.eval import summary
 from specdec_t5x.timing import clock, loops
 
 Array = jax.Array
@@ -122,20 +124,19 @@ def per_call_counts(runs, gamma, eos_id: int, rows_per_call: list[int]) -> dict[
     """Counted baseline tokens and speculative iterations, per decode call (longest row of each).
 
     Args:
-      runs: `reports.Run` records {'baseline': Run, γ: Run}, examples in call order.
+      runs: `summary.Run` records {'baseline': Run, γ: Run}, examples in call order.
       gamma: the γ key; eos_id: EOS id; rows_per_call: examples per call, in order.
 
     Returns:
       {'baseline_tokens', 'iterations', 'speculative_tokens'} summed over calls (with batch 1,
       the plain totals).
     """
-    from specdec_t5x import reports  # local: reports imports the decoders
 
     out, start = {"baseline_tokens": 0, "iterations": 0, "speculative_tokens": 0}, 0
     for n in rows_per_call:
         rows = range(start, start + n)
         out["baseline_tokens"] += max(
-            len(reports.until_eos(runs["baseline"].tokens[r], eos_id)) for r in rows
+            len(metrics_lib.until_eos(runs["baseline"].tokens[r], eos_id)) for r in rows
         )
         stats = [runs[gamma].stats[r] for r in rows]
         out["iterations"] += int(max(s.num_iterations for s in stats))
@@ -215,7 +216,6 @@ def eval_time_budget(
     alpha_iterations = counts["speculative_tokens"] / per_iteration
     speedup = lambda **kw: compose(**{**model, **kw})["predicted_speedup"]  # noqa: E731
     out["predicted_speedup_alpha_iterations"] = speedup(iterations=alpha_iterations)
-    from specdec_t5x import reports  # local: reports imports the decoders
 
     # The same i.i.d. model at this run's output lengths: each output's last block cut at EOS,
     # each call running until its slowest row ends (`theory.expected_iterations`).
@@ -223,7 +223,7 @@ def eval_time_budget(
     length_iterations = float(
         np.sum(
             theory.expected_iterations(
-                reports.group_by_call(lengths, rows_per_call), metrics["alpha_beta"], gamma
+                summary.group_by_call(lengths, rows_per_call), metrics["alpha_beta"], gamma
             )
         )
     )

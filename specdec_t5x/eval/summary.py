@@ -221,3 +221,93 @@ def summarise(
         "gamma_sweep": {str(g): v for g, v in sweep.items()},
         "sampling": settings,
     }
+
+
+# `metrics.json`'s top level: each flat key of the job's record goes in one group (keys no group
+# names go in 'other'). `flat` undoes it, so tables read old (flat) and new records alike.
+GROUPS = {
+    "task": (
+        "task",
+        "split",
+        "num_examples",
+        "batch_size",
+        "input_len",
+        "max_decode_len",
+        "draft",
+        "inputs",
+    ),
+    "decoding": ("gamma", "temperature", "topk", "topp", "sampling", "cpu_weight_dtype"),
+    "speed": (
+        "speedup",
+        "median_example_speedup",
+        "speedup_interval",
+        "baseline_seconds",
+        "speculative_seconds",
+        "baseline_tokens_per_s",
+        "speculative_tokens_per_s",
+        "target_calls",
+        "baseline_target_calls",
+    ),
+    "acceptance": (
+        "alpha_beta",
+        "alpha_counted",
+        "alpha_display",
+        "tokens_per_iteration",
+        "accept_histogram",
+    ),
+    "costs": ("c_measured", "c_alone", "verify_cost_ratio", "c_at_gamma", "step_costs"),
+    "predictions": (
+        "expected_tokens_per_iteration_eq1",
+        "predicted_speedup_thm38",
+        "predicted_speedup_measured_verify",
+        "predicted_speedup_output_lengths",
+        "predicted_speedup_measured_costs",
+        "predicted_speedup",
+        "measured_over_predicted",
+    ),
+    "exactness": (
+        "identical_fraction",
+        "near_ties",
+        "max_near_tie_gap",
+        "weight_flips",
+        "compilations_during_timing",
+    ),
+    "provenance": ("command", "commit", "hardware", "date", "switches", "resumed"),
+}
+NESTED = ("quality", "gamma_sweep", "auto", "diagnostics")  # kept as they are
+_GROUP_OF = {key: group for group, keys in GROUPS.items() for key in keys}
+
+
+def group(flat_metrics: dict[str, Any]) -> dict[str, Any]:
+    """The job's flat record grouped for `metrics.json` (`GROUPS`, then `NESTED` as they are).
+
+    Keys of an auto headline's row that no group names (its γ counts, best fixed γ, ...) are
+    in `metrics['auto']` already and are dropped from the top level.
+    """
+    out: dict[str, Any] = {name: {} for name in GROUPS}
+    for key, value in flat_metrics.items():
+        if key in NESTED:
+            out[key] = value
+        elif key in _GROUP_OF:
+            out[_GROUP_OF[key]][key] = value
+        elif "auto" not in flat_metrics or key not in flat_metrics["auto"]:
+            out.setdefault("other", {})[key] = value
+    return out
+
+
+def flat(metrics_record: dict[str, Any]) -> dict[str, Any]:
+    """The flat view of a `metrics.json` record, grouped (`group`) or from before grouping.
+
+    Groups are merged into the top level; `diagnostics` also lifts its `time_budget`.
+    """
+    if not isinstance(metrics_record.get("speed"), dict):
+        return dict(metrics_record)  # a flat record (written before grouping)
+    out = {}
+    for key, value in metrics_record.items():
+        if key in GROUPS or key == "other":
+            out.update(value)
+        else:
+            out[key] = value
+    if isinstance(out.get("diagnostics"), dict) and "time_budget" in out["diagnostics"]:
+        out["time_budget"] = out["diagnostics"]["time_budget"]
+    return out

@@ -1,4 +1,10 @@
-"""TODO docstring."""
+"""What the eval job's records look like on paper: table rows, the provenance footer, the plot,
+the step-cost and Hugging Face tables, and the job's output files.
+
+Every function here reads a `metrics.json` record, grouped (`summary.group`) or flat (written
+before grouping): `summary.flat` gives both one view, so a committed table re-renders from its
+committed records without re-running anything (`scripts/render_tables.py`).
+"""
 
 from __future__ import annotations
 
@@ -11,42 +17,95 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_t5x import provenance
+from specdec_t5x import metrics, provenance
 from specdec_t5x.eval import summary
 
 TABLE_HEADER = (
-    "| Task | M_q | Temp | γ | α | c | verify/step | tokens/iter | Speed | Predicted (Thm 3.8) "
-    "| Predicted (measured verify) | Predicted (measured verify, output lengths) "
-    "| Predicted (measured costs) | identical |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| Task | Draft | T | γ | α | c | verify/step | tokens per target call | Speed "
+    "| Predicted (Thm 3.8) | identical |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
 )
+# The README's headline table: what a T5X user asks first.
+HEADLINE_HEADER = (
+    "| Task | Draft | T | γ | α | c | tokens per target call | Speed | identical |\n"
+    "|---|---|---|---|---|---|---|---|---|"
+)
+T5X_SAMPLER_MARK = "†"  # a T > 0 speed-up measured against T5X's Gumbel sampler alone
+
+
+def _fmt(x, spec: str = ".2f", unit: str = "") -> str:
+    return "–" if x is None else f"{x:{spec}}{unit}"
+
+
+def degenerate(m: dict[str, Any]) -> list[str]:
+    """Why this record's cost measurement is not a cost (`eval.costs.degenerate`; [] if sound).
+
+    Records written before the check existed are checked here, from their step costs.
+    """
+    from specdec_t5x.eval import costs as costs_lib
+
+    step_costs = m.get("step_costs") or {}
+    if "degenerate" in step_costs:
+        return list(step_costs["degenerate"])
+    gamma = m["gamma"] if isinstance(m.get("gamma"), int) else max(map(int, m["gamma_sweep"]))
+    measured = {"c": m.get("c_measured"), "verify_cost_ratio": m.get("verify_cost_ratio")}
+    return costs_lib.degenerate({**step_costs, **measured}, gamma)
+
+
+def _cells(m: dict[str, Any]) -> dict[str, str]:
+    """The table cells of one flat record (`summary.flat`)."""
+    bad = degenerate(m)
+    auto = m["gamma"] == "auto"
+    speed = f"{m['speedup']:.2f}X"
+    if m.get("speedup_interval"):  # paired bootstrap 5–95 % over examples (auto rows)
+        speed += " ({:.2f}–{:.2f})".format(*m["speedup_interval"])
+    greedy = m["temperature"] == 0
+    if not greedy and "speedup_vs_t5x_sampler" in m:  # fair baseline; T5X's sampler beside it
+        speed += f" (vs T5X sampler {m['speedup_vs_t5x_sampler']:.2f}X)"
+    elif not greedy:
+        speed += T5X_SAMPLER_MARK
+    predicted = m.get("predicted_speedup") if auto else m.get("predicted_speedup_measured_verify")
+    return {
+        "task": m["task"],
+        "draft": m["draft"],
+        "T": f"{m['temperature']:g}",
+        "γ": f"auto ({auto_choices(m)})" if auto else str(m["gamma"]),
+        "α": m["alpha_display"] if auto else f"{m['alpha_beta']:.2f}",
+        "c": f"n/a (degenerate: {'; '.join(bad)})" if bad else c_cell(m),
+        "verify/step": "n/a" if bad else f"{m['verify_cost_ratio']:.2f}",
+        "tokens": _fmt(m["tokens_per_iteration"]),
+        "speed": speed,
+        "predicted": "n/a" if bad else _fmt(predicted, ".2f", "X"),
+        "identical": _fmt(m["identical_fraction"]),
+    }
 
 
 def table_row(m: dict[str, Any]) -> str:
-    """One markdown row shaped like the paper's Table 2, plus c, the verify cost, tokens per
-    iteration, Thm 3.8 with the measured verify cost (E / (γc + verify)), the same with its
-    iterations counted at the run's output lengths (`predicted_at_output_lengths`: the last block
-    of each output cut at EOS; "–" in metrics written before it existed), the prediction from all
-    measured component costs (`time_budget`: set-up, loop work, model calls) and identical_fraction
+    """One row of `TABLE_HEADER` (the paper's Table 2 with c, verify/step and tokens per target
+    call): γ, α (Corollary 3.6), c of the draft in the loop (its lone-loop value in brackets),
+    verify/step (the γ + 1-token verify call over one target step), tokens per target call, the
+    measured speed-up, Theorem 3.8 with the measured c and verify cost, and identical_fraction
     (1.0 expected at T = 0; at T > 0 outputs are different samples of the same distribution).
 
-    An auto-γ row (`m['gamma'] == 'auto'`) shows the γ chosen per example (off = the baseline
-    alone), α or "off" when no example ran speculatively, its speed with the paired-bootstrap 5–95 %
-    interval over examples, and its prediction from the measured cost curve (`gamma_control`) in
-    the measured-verify column."""
-    if m["gamma"] == "auto":
-        return _auto_row(m)
-    costs = m.get("predicted_speedup_measured_costs")  # absent: before `time_budget`, or skipped
-    costs = "–" if costs is None else f"{costs:.2f}X"
-    lengths = m.get("predicted_speedup_output_lengths")
-    lengths = "–" if lengths is None else f"{lengths:.2f}X"
-    return (
-        f"| {m['task']} | {m['draft']} | {m['temperature']:g} | {m['gamma']} | "
-        f"{m['alpha_beta']:.2f} | {c_cell(m)} | {m['verify_cost_ratio']:.2f} | "
-        f"{m['tokens_per_iteration']:.2f} | {m['speedup']:.2f}X | {m['predicted_speedup_thm38']:.2f}X | "
-        f"{m['predicted_speedup_measured_verify']:.2f}X | {lengths} | {costs} | "
-        f"{m['identical_fraction']:.2f} |"
-    )
+    At T > 0 the speed is against the fair baseline (the same draw as the speculative loop) with
+    T5X's sampler beside it; records from before the fair baseline are marked `T5X_SAMPLER_MARK`.
+    A degenerate cost measurement (`degenerate`) prints "n/a (degenerate: ...)", not numbers. An
+    auto-γ row shows the γ chosen per example (off = the baseline alone), α or "off", its speed
+    with the paired-bootstrap 5–95 % interval and its prediction from the measured cost curve.
+
+    Args:
+      m: a `metrics.json` record, grouped or flat (`summary.flat`).
+    """
+    c = _cells(summary.flat(m))
+    keys = ("task", "draft", "T", "γ", "α", "c", "verify/step", "tokens", "speed", "predicted")
+    return "| " + " | ".join(c[k] for k in (*keys, "identical")) + " |"
+
+
+def headline_row(m: dict[str, Any]) -> str:
+    """One row of `HEADLINE_HEADER` (the README's table) from a `metrics.json` record."""
+    c = _cells(summary.flat(m))
+    keys = ("task", "draft", "T", "γ", "α", "c", "tokens", "speed", "identical")
+    return "| " + " | ".join(c[k] for k in keys) + " |"
 
 
 def c_cell(m: dict[str, Any]) -> str:
@@ -56,7 +115,7 @@ def c_cell(m: dict[str, Any]) -> str:
 
 
 def auto_choices(m: dict[str, Any]) -> str:
-    """'off×a, baseline timing×b, 2×c, …' of an auto row (`gamma_control.summarise_auto`)."""
+    """'off×a, baseline timing×b, 2×c, …' of an auto row (`auto_gamma.summarise_auto`)."""
     timing = m.get("baseline_timing_examples", 0)
     parts = []
     for g, n in m["gamma_chosen"].items():
@@ -70,36 +129,37 @@ def auto_choices(m: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _auto_row(m: dict[str, Any]) -> str:
-    chosen = auto_choices(m)
-    fmt = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
-    speed = f"{m['speedup']:.2f}X"
-    if m.get("speedup_interval"):  # paired bootstrap 5–95 % over examples
-        speed += " ({:.2f}–{:.2f})".format(*m["speedup_interval"])
-    return (
-        f"| {m['task']} | {m['draft']} | {m['temperature']:g} | auto ({chosen}) | "
-        f"{m['alpha_display']} | {c_cell(m)} | {m['verify_cost_ratio']:.2f} | "
-        f"{fmt(m['tokens_per_iteration'])} | {speed} | – | "
-        f"{fmt(m['predicted_speedup'])}X | – | – | {fmt(m['identical_fraction'])} |"
-    )
-
-
-def auto_table_row(m: dict[str, Any]) -> str | None:
-    """The auto-γ row of a run whose sweep included 'auto' (None otherwise)."""
+def auto_row_record(m: dict[str, Any]) -> dict[str, Any] | None:
+    """The auto-γ row of a run whose sweep included 'auto', as a flat record (None otherwise)."""
+    m = summary.flat(m)
     if "auto" not in m or m["gamma"] == "auto":
         return None
-    keys = ("task", "draft", "temperature", "c_measured", "verify_cost_ratio")
-    return _auto_row({**m["auto"], **{k: m[k] for k in keys}})
+    keys = (
+        "task",
+        "draft",
+        "temperature",
+        "c_measured",
+        "c_alone",
+        "verify_cost_ratio",
+        "step_costs",
+        "gamma_sweep",
+    )
+    return {**m["auto"], **{k: m[k] for k in keys if k in m}}
+
+
+def rows(m: dict[str, Any], row=table_row) -> list[str]:
+    """A record's rows: its own, then its sweep's auto-γ row if it had one."""
+    auto = auto_row_record(m)
+    return [row(m)] + ([] if auto is None else [row(auto)])
 
 
 def results_table(metrics_files: Sequence[str | os.PathLike]) -> str:
     """Markdown table (Table 2 shape) of several runs' `metrics.json`, in the given order; a run
     whose sweep included 'auto' adds its auto-γ row (`auto_table_row`) after its own row."""
-    rows = []
+    out = []
     for f in metrics_files:
-        m = json.loads(pathlib.Path(f).read_text())
-        rows += [r for r in (table_row(m), auto_table_row(m)) if r]
-    return "\n".join([TABLE_HEADER, *rows])
+        out += rows(json.loads(pathlib.Path(f).read_text()))
+    return "\n".join([TABLE_HEADER, *out])
 
 
 def provenance_footer(metrics_files: Sequence[str | os.PathLike]) -> str:
@@ -131,77 +191,82 @@ def provenance_footer(metrics_files: Sequence[str | os.PathLike]) -> str:
     return "Rows from more than one run:\n\n" + "\n".join(lines)
 
 
-def write_eval_outputs(out_dir, metrics, runs, gammas, gamma, examples, vocabulary, eos_id):
-    """Writes `metrics.json`, `table_row.md`, `predictions.jsonl` and `speedup.png` to out_dir."""
+def write_eval_outputs(out_dir, record, runs, gammas, headline, examples, vocabulary, eos_id):
+    """Writes `metrics.json`, `table_row.md`, `predictions.jsonl` and `speedup.png`, each whole.
+
+    Args:
+      out_dir: the run's folder; record: the grouped metrics (`summary.group`).
+      runs: {'baseline' | γ | 'auto': summary.Run}; gammas: the fixed γ rows; headline: the
+        headline row's key (γ or 'auto').
+      examples, vocabulary, eos_id: for the predictions' texts.
+    """
+    from specdec_t5x.eval import outputs
+
     out_dir = pathlib.Path(out_dir)
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=float) + "\n")
-    rows = [table_row(metrics), auto_table_row(metrics)]
-    (out_dir / "table_row.md").write_text("\n".join([TABLE_HEADER, *(r for r in rows if r)]) + "\n")
-    with open(out_dir / "predictions.jsonl", "w") as f:
-        base, spec = runs["baseline"], runs[gamma]
-        for i, ex in enumerate(examples):
-            stats = spec.stats[i]  # None where an auto run chose γ = 0 (the baseline)
-            st = (
-                None
-                if stats is None
-                else {k: np.asarray(getattr(stats, k)).tolist() for k in summary.STAT_KEYS}
-            )
-            row = {
-                "input": ex["inputs_pretokenized"],
-                "reference": ex["targets_pretokenized"],
-                "baseline": metrics.decode_text(vocabulary, base.tokens[i], eos_id),
-                "speculative": metrics.decode_text(vocabulary, spec.tokens[i], eos_id),
-                "identical": bool(np.array_equal(base.tokens[i], spec.tokens[i])),
-                "baseline_s": base.seconds[i],
-                "speculative_s": spec.seconds[i],
-                "stats": st,
-            }
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    if metrics["gamma"] != "auto":  # the plot shows one fixed γ's histogram
-        speedup_plot(out_dir / "speedup.png", metrics, gammas)
+    lines = []
+    base, spec = runs["baseline"], runs[headline]
+    for i, ex in enumerate(examples):
+        stats = spec.stats[i]  # None where an auto run chose γ = 0 (the baseline)
+        row = {
+            "input": ex["inputs_pretokenized"],
+            "reference": ex["targets_pretokenized"],
+            "baseline": metrics.decode_text(vocabulary, base.tokens[i], eos_id),
+            "speculative": metrics.decode_text(vocabulary, spec.tokens[i], eos_id),
+            "identical": bool(np.array_equal(base.tokens[i], spec.tokens[i])),
+            "baseline_s": base.seconds[i],
+            "speculative_s": spec.seconds[i],
+            "stats": None
+            if stats is None
+            else {k: np.asarray(getattr(stats, k)).tolist() for k in summary.STAT_KEYS},
+        }
+        lines.append(json.dumps(row, ensure_ascii=False, default=float) + "\n")
+    outputs.write_atomic(out_dir / "predictions.jsonl", "".join(lines))
+    outputs.write_atomic(out_dir / "table_row.md", "\n".join([TABLE_HEADER, *rows(record)]) + "\n")
+    if headline != "auto":  # the plot shows one fixed γ's histogram
+        tmp = out_dir / ".speedup.tmp.png"
+        speedup_plot(tmp, summary.flat(record), gammas)
+        os.replace(tmp, out_dir / "speedup.png")
+    outputs.write_json(out_dir / "metrics.json", record)  # last: its presence means finished
 
 
-def speedup_plot(path, metrics, gammas) -> None:
-    """Accept-length histogram and speedup against γ (Thm 3.8, with measured verify, measured)."""
+def speedup_plot(path, m, gammas) -> None:
+    """Accept-length histogram and speedup against γ (measured; Thm 3.8 with the measured c and
+    verify cost unless the cost measurement is degenerate). `m`: a flat record."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(9, 3.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 2, 1)
-    hist = metrics["accept_histogram"]
+    hist = m["accept_histogram"]
     ax.bar(range(len(hist)), hist)
     ax.set_xlabel("drafts accepted per iteration (n_accepted)")
     ax.set_ylabel("iterations")
-    ax.set_title(f"γ={metrics['gamma']}, α={metrics['alpha_beta']:.2f}")
+    ax.set_title(f"γ={m['gamma']}, α={m['alpha_beta']:.2f}")
     ax = fig.add_subplot(1, 2, 2)
-    grid = [int(g) for g in np.arange(1, max(10, max(gammas)) + 1)]
-    alpha, v = metrics["alpha_beta"], metrics["verify_cost_ratio"]
-    costs = metrics.get("step_costs") or {"c": metrics["c_measured"]}
-    predicted = [
-        summary.predicted_speedups(alpha, g, summary.c_at_gamma(costs, g, metrics["gamma"]), v)
-        for g in grid
-    ]
-    ax.plot(grid, [p["predicted_speedup_thm38"] for p in predicted], label="Thm 3.8")
-    ax.plot(
-        grid,
-        [p["predicted_speedup_measured_verify"] for p in predicted],
-        "--",
-        label="with measured verify cost",
-    )
-    sweep = metrics["gamma_sweep"]
-    ax.plot(
-        [int(g) for g in sweep],
-        [sweep[g]["speedup"] for g in sweep],
-        "o",
-        label="measured",
-    )
+    if not degenerate(m):
+        grid = [int(g) for g in np.arange(1, max(10, max(gammas)) + 1)]
+        alpha, v = m["alpha_beta"], m["verify_cost_ratio"]
+        step_costs = m.get("step_costs") or {"c": m["c_measured"]}
+        predicted = [
+            summary.predicted_speedups(alpha, g, summary.c_at_gamma(step_costs, g, m["gamma"]), v)
+            for g in grid
+        ]
+        ax.plot(grid, [p["predicted_speedup_thm38"] for p in predicted], label="Thm 3.8")
+        ax.plot(
+            grid,
+            [p["predicted_speedup_measured_verify"] for p in predicted],
+            "--",
+            label="with measured verify cost",
+        )
+    sweep = m["gamma_sweep"]
+    ax.plot([int(g) for g in sweep], [sweep[g]["speedup"] for g in sweep], "o", label="measured")
     ax.axhline(1.0, color="grey", lw=0.5)
     ax.set_xlabel("γ")
     ax.set_ylabel("walltime speedup")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
 
 
 def step_cost_table(result: dict[str, Any]) -> str:

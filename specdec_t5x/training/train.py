@@ -16,7 +16,7 @@ everything else here is a small piece it is built from and that tests call direc
 * Monitoring: tqdm bar (loss, non-padding input + target tokens/s); `metrics.jsonl` in the run
   folder (training loss every `log_every` steps, with teacher-forced alpha per batch source when
   distilling; validation loss and greedy-decode BLEU or ROUGE every `eval_every`); curves and
-  evaluation helpers in `specdec_t5x.train_eval`.
+  evaluation helpers in `specdec_t5x.training.validation`.
 """
 
 from __future__ import annotations

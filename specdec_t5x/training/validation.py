@@ -1,4 +1,4 @@
-"""Evaluation and curves of training runs (`specdec_t5x.train`): validation loss, greedy decodes
+"""Evaluation and curves of training runs (`specdec_t5x.training.train`): validation loss, greedy decodes
 scored by BLEU or ROUGE, and the loss/quality plot of `metrics.jsonl` files.
 """
 
