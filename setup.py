@@ -21,6 +21,7 @@ INSTALL_REQUIRES = [
     "tensorflow==2.21.0",
     "tensorflow-text==2.21.1",
     "tensorflow-datasets==4.9.10",
+    "importlib_resources==7.1.0",  # tensorflow-datasets reads its dataset metadata with it
     "sentencepiece==0.2.3",
     "sacrebleu==2.6.0",
     "rouge-score==0.1.2",

@@ -18,12 +18,12 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e .
 .venv/bin/python -m specdec_t5x.data.build
 for t in 0 1; do
-  .venv/bin/python -m specdec_t5x.eval \
+  .venv/bin/python -m specdec_t5x.eval --overwrite \
     --gin_file=gin/experiments/embedded_ende_model_t$t.gin \
     --gin.NUM_EXAMPLES=$NUM_EXAMPLES \
     --gin.EVAL_OUTPUT_DIR="'$OUT/embedded_ende_model_t$t'"
 done
 echo
-.venv/bin/python scripts/summarize_results.py "$OUT/embedded_ende_model_t0" "$OUT/embedded_ende_model_t1" --out "$OUT/table.md"
+.venv/bin/python scripts/render_tables.py "$OUT/embedded_ende_model_t0" "$OUT/embedded_ende_model_t1" --out "$OUT/table.md"
 echo
 echo "Results: $OUT/*/metrics.json, predictions.jsonl, speedup.png; table: $OUT/table.md"

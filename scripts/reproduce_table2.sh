@@ -12,7 +12,7 @@ TASKS=${TASKS:-"ende sum"}  # ende: DDTP Enâ†’De; sum: Debian long description â
 rows=()
 for task in $TASKS; do
   for t in 0 1; do
-    .venv/bin/python -m specdec_t5x.eval \
+    .venv/bin/python -m specdec_t5x.eval --overwrite \
       --gin_file=gin/experiments/embedded_${task}_model_t$t.gin \
       --gin.NUM_EXAMPLES=$NUM_EXAMPLES \
       --gin.GAMMAS="[1, 2, 3, 5, 7, 'auto']" \
@@ -20,4 +20,4 @@ for task in $TASKS; do
     rows+=("$OUT/embedded_${task}_model_t$t")
   done
 done
-.venv/bin/python scripts/summarize_results.py "${rows[@]}" --out "$OUT/table.md"
+.venv/bin/python scripts/render_tables.py "${rows[@]}" --out "$OUT/table.md"

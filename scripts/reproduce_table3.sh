@@ -12,7 +12,7 @@ rows=()
 for task in $TASKS; do
   for draft in unigram bigram model source_copy; do
     for t in 0 1; do
-      .venv/bin/python -m specdec_t5x.eval \
+      .venv/bin/python -m specdec_t5x.eval --overwrite \
         --gin_file=gin/experiments/embedded_${task}_${draft}_t$t.gin \
         --gin.NUM_EXAMPLES=$NUM_EXAMPLES \
         --gin.EVAL_OUTPUT_DIR="'$OUT/embedded_${task}_${draft}_t$t'"
@@ -20,4 +20,4 @@ for task in $TASKS; do
     done
   done
 done
-.venv/bin/python scripts/summarize_results.py "${rows[@]}" --out "$OUT/table.md"
+.venv/bin/python scripts/render_tables.py "${rows[@]}" --out "$OUT/table.md"

@@ -27,6 +27,9 @@ from the local copy of the same folder.
   the requested shardings, so an 11B model never sits twice in host memory.
 * `save_t5x_checkpoint` writes the msgpack + zarr format in `checkpoint_<step>/`, the layout T5X's
   `load_t5x_checkpoint` reads (it does not look into `state/`, so we write nothing there).
+
+The leaf-level work (msgpack trees, TensorStore specs and zarr arrays, Orbax reads) is in
+`checkpoint_leaves`.
 """
 
 from __future__ import annotations
@@ -42,18 +45,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
-import tensorstore as ts
 from flax import serialization
 
-from specdec_t5x import network
+from specdec_t5x import checkpoint_leaves, network
 
 VERSION = 3
 CHECKPOINT_FILE = "checkpoint"
 STATE_SUBDIR = "state"
-_CHUNK_BYTES = 64 * 1024 * 1024  # T5X's desired zarr chunk size
 _STEP_DIR = re.compile(r"^checkpoint_(\d+)$")
-
-Name = tuple[str, ...]
 
 
 class LazyArray:
@@ -74,10 +73,6 @@ class LazyArray:
 
     def __repr__(self) -> str:
         return f"LazyArray(shape={self.shape}, dtype={self.dtype})"
-
-
-# ----------------------------------------------------------------------------------------------
-# Finding the msgpack file.
 
 
 def all_steps(model_dir: str | os.PathLike) -> list[int]:
@@ -141,161 +136,33 @@ def find_checkpoint(path: str | os.PathLike, step: int | None = None) -> pathlib
     )
 
 
-# ----------------------------------------------------------------------------------------------
-# Reading.
-
-
-def _read_optimizer_state(msgpack_file: pathlib.Path) -> dict[str, Any]:
-    """The `optimizer` dict of a msgpack file ({'target', 'state', ...}), leaves unread."""
-    raw = msgpack_file.read_bytes()
-    if raw.startswith(b"model_checkpoint_path"):
-        raise ValueError(f"{msgpack_file} is a TensorFlow checkpoint index, not a T5X checkpoint.")
-    try:
-        contents = serialization.msgpack_restore(raw)
-    except Exception as e:  # msgpack raises bare ValueErrors ("Unpack failed: incomplete input")
-        raise ValueError(
-            f"T5X checkpoint file {msgpack_file} is truncated or corrupt ({len(raw)} bytes; "
-            f"msgpack could not decode it: {e})."
-        ) from e
-    if not isinstance(contents, dict):
-        raise ValueError(f"{msgpack_file} does not hold a T5X checkpoint dict.")
-    if contents.get("version", 0) == 0:  # version 0 stored the optimizer state at the top
-        return contents
-    if "optimizer" not in contents:
-        raise ValueError(f"{msgpack_file} has no 'optimizer' entry; keys: {sorted(contents)}.")
-    return contents["optimizer"]
-
-
-def _orbax_metadata(state_dir: pathlib.Path) -> dict[Name, Any]:
-    """{path: Orbax leaf metadata (`.shape`, `.dtype`)} of an Orbax PyTree checkpoint; no data read."""
-    metadata = ocp.Checkpointer(ocp.PyTreeCheckpointHandler()).metadata(state_dir)
-    return _flatten(_tree_to_dict(metadata.item_metadata.tree))
-
-
-def _orbax_restore(state_dir: pathlib.Path, items: Mapping[Name, Any], args: Mapping[Name, Any]):
-    """Restores the leaves named in `items` (a partial restore) with their restore `args`."""
-    restored = ocp.Checkpointer(ocp.PyTreeCheckpointHandler()).restore(
-        state_dir,
-        args=ocp.args.PyTreeRestore(
-            item=_unflatten(items), restore_args=_unflatten(args), partial_restore=True
-        ),
-    )
-    return _flatten(_tree_to_dict(restored))
-
-
 def _load_orbax(state_dir: pathlib.Path, restore_dtype, lazy: bool) -> dict[str, Any]:
     """`load_t5x_checkpoint` for T5X's Orbax layout: NumPy leaves, or `LazyArray`s."""
-    metadata = _orbax_metadata(state_dir)
+    metadata = checkpoint_leaves.orbax_metadata(state_dir)
 
     def spec(key):
         return jax.ShapeDtypeStruct(tuple(metadata[key].shape), metadata[key].dtype)
 
     def cast_for(key):
-        return restore_dtype if key[0] == "target" and _is_float(metadata[key].dtype) else None
+        return (
+            restore_dtype
+            if key[0] == "target" and checkpoint_leaves.is_float(metadata[key].dtype)
+            else None
+        )
 
     def read(keys):
         args = {k: ocp.RestoreArgs(restore_type=np.ndarray) for k in keys}
-        flat = _orbax_restore(state_dir, {k: spec(k) for k in keys}, args)
-        return {k: _cast_float(np.asarray(flat[k]), cast_for(k)) for k in keys}
+        flat = checkpoint_leaves.orbax_restore(state_dir, {k: spec(k) for k in keys}, args)
+        return {k: checkpoint_leaves.cast_float(np.asarray(flat[k]), cast_for(k)) for k in keys}
 
     if not lazy:
-        return _unflatten(read(list(metadata)))
-    return _unflatten(
+        return checkpoint_leaves.unflatten(read(list(metadata)))
+    return checkpoint_leaves.unflatten(
         {
             k: LazyArray(spec(k).shape, cast_for(k) or spec(k).dtype, lambda k=k: read([k])[k])
             for k in metadata
         }
     )
-
-
-def _is_spec(leaf: Any) -> bool:
-    return isinstance(leaf, dict) and {"driver", "kvstore"} <= set(leaf)
-
-
-def _flatten(tree: Any, prefix: Name = ()) -> dict[Name, Any]:
-    """{path tuple: leaf}; TensorStore spec dicts are leaves, empty dicts are dropped."""
-    if isinstance(tree, Mapping) and not _is_spec(tree):
-        flat = {}
-        for key, value in tree.items():
-            flat.update(_flatten(value, prefix + (str(key),)))
-        return flat
-    return {prefix: tree}
-
-
-def _unflatten(flat: Mapping[Name, Any]) -> dict[str, Any]:
-    tree: dict[str, Any] = {}
-    for path, leaf in flat.items():
-        node = tree
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = leaf
-    return tree
-
-
-def _absolute_spec(spec: Mapping[str, Any], ckpt_dir: pathlib.Path) -> dict[str, Any]:
-    """A copy of a written spec readable from local disk (T5X's relative→absolute rewrite).
-
-    GCS (`'gcs'`) and `'gfile'` kvstores become `'file'`; the relative path is joined to the
-    folder holding the msgpack file (old specs keep the path at the top level).
-    """
-    spec = _jsonable(spec)
-    kvstore = dict(spec.get("kvstore", {}))
-    rel = kvstore.get("path", spec.pop("path", None))
-    if rel is None:
-        raise ValueError(f"TensorStore spec without a path: {spec}.")
-    spec["kvstore"] = {"driver": "file", "path": os.path.join(str(ckpt_dir), rel)}
-    if kvstore.get("driver") not in ("file", "gfile", "gcs"):
-        raise ValueError(f"unsupported TensorStore kvstore driver {kvstore.get('driver')!r}.")
-    return spec
-
-
-def _jsonable(value: Any) -> Any:
-    """A deep copy with NumPy arrays/scalars (as msgpack may return them) turned into JSON types."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | np.ndarray):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def _spec_shape(spec: Mapping[str, Any]) -> tuple[int, ...]:
-    return tuple(int(d) for d in spec["metadata"]["shape"])
-
-
-def _open(spec: Mapping[str, Any], ckpt_dir: pathlib.Path, name: str) -> ts.TensorStore:
-    """Opens the zarr array of one leaf. Raises FileNotFoundError naming the parameter."""
-    absolute = _absolute_spec(spec, ckpt_dir)
-    try:
-        return ts.open(absolute, open=True, read=True).result()
-    except ValueError as err:  # tensorstore reports NOT_FOUND / FAILED_PRECONDITION this way
-        raise FileNotFoundError(
-            f"array of {name!r} missing or unreadable at {absolute['kvstore']['path']!r}: {err}"
-        ) from err
-
-
-def _is_float(dtype) -> bool:
-    return jnp.issubdtype(np.dtype(dtype), jnp.floating)
-
-
-def _cast_float(array: np.ndarray, dtype) -> np.ndarray:
-    if dtype is None or not _is_float(array.dtype):
-        return array
-    return np.asarray(array).astype(dtype)
-
-
-def _reader(leaf: Any, ckpt_dir: pathlib.Path, name: str):
-    """(shape, dtype, read(index) -> np.ndarray) of an inline or TensorStore leaf."""
-    if _is_spec(leaf):
-        store = _open(leaf, ckpt_dir, name)
-        return (
-            store.shape,
-            np.dtype(store.dtype.numpy_dtype),
-            lambda idx=(): store[idx].read().result(),
-        )
-    array = np.asarray(leaf)
-    return array.shape, array.dtype, lambda idx=(): array[idx]
 
 
 def load_t5x_checkpoint(
@@ -326,25 +193,23 @@ def load_t5x_checkpoint(
     if msgpack_file.is_dir():  # T5X's Orbax layout
         return _load_orbax(msgpack_file, restore_dtype, lazy_parameters)
     ckpt_dir = msgpack_file.parent
-    flat = _flatten(_read_optimizer_state(msgpack_file))
+    flat = checkpoint_leaves.flatten(checkpoint_leaves.read_optimizer_state(msgpack_file))
     out = {}
     for key, leaf in flat.items():
-        if not (_is_spec(leaf) or isinstance(leaf, np.ndarray | np.generic)):
+        if not (checkpoint_leaves.is_spec(leaf) or isinstance(leaf, np.ndarray | np.generic)):
             out[key] = leaf  # None or plain Python values
             continue
         name = "/".join(key)
-        shape, dtype, read = _reader(leaf, ckpt_dir, name)
+        shape, dtype, read = checkpoint_leaves.leaf_reader(leaf, ckpt_dir, name)
         cast = restore_dtype if key[0] == "target" else None
         if lazy_parameters:
-            out_dtype = cast if cast is not None and _is_float(dtype) else dtype
-            out[key] = LazyArray(shape, out_dtype, lambda r=read, c=cast: _cast_float(r(), c))
+            out_dtype = cast if cast is not None and checkpoint_leaves.is_float(dtype) else dtype
+            out[key] = LazyArray(
+                shape, out_dtype, lambda r=read, c=cast: checkpoint_leaves.cast_float(r(), c)
+            )
         else:
-            out[key] = _cast_float(np.asarray(read()), cast)
-    return _unflatten(out)
-
-
-# ----------------------------------------------------------------------------------------------
-# Loading parameters for a model.
+            out[key] = checkpoint_leaves.cast_float(np.asarray(read()), cast)
+    return checkpoint_leaves.unflatten(out)
 
 
 def _as_module(model) -> network.Transformer:
@@ -371,7 +236,11 @@ def param_shapes(model) -> Any:
     return variables["params"]
 
 
-def _check_against_model(found: Mapping[Name, Any], expected: Mapping[Name, Any], where: str):
+def _check_against_model(
+    found: Mapping[checkpoint_leaves.Name, Any],
+    expected: Mapping[checkpoint_leaves.Name, Any],
+    where: str,
+):
     """Raises ValueError naming missing / unexpected parameters and shape mismatches."""
     show = lambda keys: (
         ", ".join("/".join(k) for k in keys[:10]) + (" ..." if len(keys) > 10 else "")
@@ -430,19 +299,22 @@ def load_params_for_model(
     """
     dtype = None if dtype is None else jnp.dtype(dtype)  # also accepts 'bfloat16' from gin
     expected_tree = param_shapes(model)
-    expected = {k: v.shape for k, v in _flatten(_tree_to_dict(expected_tree)).items()}
+    expected = {
+        k: v.shape
+        for k, v in checkpoint_leaves.flatten(checkpoint_leaves.tree_to_dict(expected_tree)).items()
+    }
     msgpack_file = find_checkpoint(path, step)
     if msgpack_file.is_dir():  # T5X's Orbax layout
-        metadata = _orbax_metadata(msgpack_file)
+        metadata = checkpoint_leaves.orbax_metadata(msgpack_file)
         flat = {k[1:]: v for k, v in metadata.items() if k[0] == "target"}
         found = {k: tuple(v.shape) for k, v in flat.items()}
     else:
-        state = _read_optimizer_state(msgpack_file)
+        state = checkpoint_leaves.read_optimizer_state(msgpack_file)
         if "target" not in state:
             raise ValueError(f"T5X checkpoint {msgpack_file} has no 'target' (params) entry.")
-        flat = _flatten(state["target"])
+        flat = checkpoint_leaves.flatten(state["target"])
         found = {
-            k: _spec_shape(v) if _is_spec(v) else np.shape(v)
+            k: checkpoint_leaves.spec_shape(v) if checkpoint_leaves.is_spec(v) else np.shape(v)
             for k, v in flat.items()
             if v is not None
         }
@@ -454,88 +326,43 @@ def load_params_for_model(
     if shardings is None or isinstance(shardings, jax.sharding.Sharding):
         flat_shardings = dict.fromkeys(expected, shardings)
     else:
-        flat_shardings = _flatten(_tree_to_dict(shardings))
+        flat_shardings = checkpoint_leaves.flatten(checkpoint_leaves.tree_to_dict(shardings))
     if msgpack_file.is_dir():  # Orbax reads each leaf straight into its sharding
         default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         args = {
             ("target",) + k: ocp.ArrayRestoreArgs(
                 sharding=flat_shardings[k] or default,
-                dtype=dtype if dtype is not None and _is_float(flat[k].dtype) else None,
+                dtype=dtype
+                if dtype is not None and checkpoint_leaves.is_float(flat[k].dtype)
+                else None,
             )
             for k in expected
         }
         items = {("target",) + k: jax.ShapeDtypeStruct(found[k], flat[k].dtype) for k in expected}
-        restored = _orbax_restore(msgpack_file, items, args)
-        return _unflatten({k[1:]: v for k, v in restored.items()})
+        restored = checkpoint_leaves.orbax_restore(msgpack_file, items, args)
+        return checkpoint_leaves.unflatten({k[1:]: v for k, v in restored.items()})
     params = {}
     for key in sorted(expected):
         params[key] = _place_leaf(flat[key], msgpack_file.parent, key, dtype, flat_shardings[key])
-    return _unflatten(params)
+    return checkpoint_leaves.unflatten(params)
 
 
-def _tree_to_dict(tree: Any) -> Any:
-    """Nested plain dicts of a (possibly FrozenDict) parameter tree."""
-    if isinstance(tree, Mapping):
-        return {str(k): _tree_to_dict(v) for k, v in tree.items()}
-    return tree
-
-
-def _place_leaf(leaf, ckpt_dir: pathlib.Path, key: Name, dtype, sharding) -> jax.Array:
+def _place_leaf(
+    leaf, ckpt_dir: pathlib.Path, key: checkpoint_leaves.Name, dtype, sharding
+) -> jax.Array:
     """Reads one leaf (slice by slice when sharded), casts it, puts it on its devices."""
-    shape, _, read = _reader(leaf, ckpt_dir, "/".join(key))
+    shape, _, read = checkpoint_leaves.leaf_reader(leaf, ckpt_dir, "/".join(key))
     if sharding is None:
-        return jax.device_put(_cast_float(np.asarray(read()), dtype))
+        return jax.device_put(checkpoint_leaves.cast_float(np.asarray(read()), dtype))
     slices: dict[str, np.ndarray] = {}  # replicated slices are read once
 
     def callback(index):
         cache_key = repr(index)
         if cache_key not in slices:
-            slices[cache_key] = _cast_float(np.asarray(read(index)), dtype)
+            slices[cache_key] = checkpoint_leaves.cast_float(np.asarray(read(index)), dtype)
         return slices[cache_key]
 
     return jax.make_array_from_callback(tuple(shape), sharding, callback)
-
-
-# ----------------------------------------------------------------------------------------------
-# Writing.
-
-
-def choose_chunk_shape(write_shape: tuple[int, ...], target_elements: int) -> list[int]:
-    """T5X's `_choose_chunk_shape`: largest divisor chunk with <= target_elements elements.
-
-    Greedily shrinks the largest dimension to its next smaller divisor until the chunk fits.
-    """
-    factors = [[i for i in range(1, size + 1) if size % i == 0] or [1] for size in write_shape]
-    while int(np.prod([f[-1] for f in factors])) > max(1, target_elements):
-        dim = max(range(len(factors)), key=lambda i: factors[i][-1])
-        factors[dim].pop()
-    return [f[-1] for f in factors]
-
-
-def _write_zarr(leaf, name: str, data_dir: pathlib.Path, dtype) -> dict[str, Any]:
-    """Writes one leaf as a gzip zarr array; returns the relative spec stored in the msgpack."""
-    dtype = np.dtype(dtype if dtype is not None else leaf.dtype)
-    shape = tuple(int(d) for d in leaf.shape)
-    metadata = {
-        "compressor": {"id": "gzip"},
-        "shape": list(shape),
-        "chunks": choose_chunk_shape(shape, _CHUNK_BYTES // dtype.itemsize),
-    }
-    relative = {
-        "driver": "zarr",
-        "dtype": dtype.name,
-        "kvstore": {"driver": "file", "path": name},
-        "metadata": metadata,
-    }
-    relative = ts.Spec(relative).to_json()  # exactly what T5X writes (path gets a trailing '/')
-    store = ts.open(_absolute_spec(relative, data_dir), create=True, open=True).result()
-    if isinstance(leaf, jax.Array) and len(leaf.addressable_shards) > 1:
-        for shard in leaf.addressable_shards:  # never gathers the whole array on the host
-            if shard.replica_id == 0:
-                store[shard.index].write(np.asarray(shard.data).astype(dtype)).result()
-    else:
-        store.write(np.asarray(leaf).astype(dtype)).result()
-    return relative
 
 
 def save_t5x_checkpoint(
@@ -585,18 +412,22 @@ def save_t5x_checkpoint(
     data_dir.mkdir(parents=True)
     state: dict[str, Any] = {"step": np.asarray(int(step), np.int32)}
     if param_states is not None:
-        state["param_states"] = _tree_to_dict(param_states)
-    flat = _flatten({"target": _tree_to_dict(params), "state": state})
+        state["param_states"] = checkpoint_leaves.tree_to_dict(param_states)
+    flat = checkpoint_leaves.flatten(
+        {"target": checkpoint_leaves.tree_to_dict(params), "state": state}
+    )
     written = {}
     for key, leaf in flat.items():
         name = ".".join(key)
-        dtype = save_dtype if key[0] == "target" and _is_float(leaf.dtype) else None
+        dtype = (
+            save_dtype if key[0] == "target" and checkpoint_leaves.is_float(leaf.dtype) else None
+        )
         inline = np.ndim(leaf) == 0 or (write_inline is not None and write_inline(name))
         if inline:
-            written[key] = _cast_float(np.asarray(leaf), dtype)
+            written[key] = checkpoint_leaves.cast_float(np.asarray(leaf), dtype)
         else:
-            written[key] = _write_zarr(leaf, name, data_dir, dtype)
-    contents = {"version": VERSION, "optimizer": _unflatten(written)}
+            written[key] = checkpoint_leaves.write_zarr(leaf, name, data_dir, dtype)
+    contents = {"version": VERSION, "optimizer": checkpoint_leaves.unflatten(written)}
     (data_dir / CHECKPOINT_FILE).write_bytes(serialization.msgpack_serialize(contents))
     tmp_dir.rename(final_dir)
     return final_dir

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -113,6 +114,7 @@ def load_examples(
             + f" This project registers {', '.join(tasks.TASK_NAMES)}."
         )
     task = seqio.get_mixture_or_task(task_name)
+    check_tfds_prepared(task, split)
     ds = task.get_dataset(
         {"inputs": input_len, "targets": target_len},
         split=split,
@@ -133,6 +135,34 @@ def load_examples(
     if not examples:
         raise ValueError(f"task {task_name!r} has no examples in split {split!r}.")
     return examples, task, input_report(examples, num_examples, input_len, task)
+
+
+def check_tfds_prepared(task, split: str) -> None:
+    """Refuses a TFDS-backed task whose data is not prepared, before anything downloads it.
+
+    seqio would start "Downloading and preparing dataset ..." inside the eval; this machine may
+    have no network, and an eval should never download implicitly.
+
+    Raises:
+      FileNotFoundError: naming the dataset, where it looked (TFDS_DATA_DIR) and the command
+        that prepares it.
+    """
+    loader = getattr(getattr(task, "source", None), "tfds_dataset", None)
+    name = getattr(loader, "name", None)
+    if name is None:
+        return  # not a TFDS source (the Debian tasks read local JSONL)
+    import tensorflow_datasets as tfds
+
+    data_dir = getattr(loader, "data_dir", None) or os.environ.get("TFDS_DATA_DIR") or None
+    builder = tfds.builder(name, data_dir=data_dir)
+    if not builder.is_prepared():
+        where = data_dir or f"{builder.data_dir} (TFDS_DATA_DIR unset)"
+        raise FileNotFoundError(
+            f"TFDS dataset {name!r} (split {split!r}, task {task.name!r}) is not prepared under "
+            f"{where}. Prepare it where the data is reachable, e.g. `tfds build {name.split(':')[0]}"
+            f" --data_dir=DIR`, copy DIR here and set TFDS_DATA_DIR=DIR; the eval never "
+            "downloads."
+        )
 
 
 def input_report(examples, requested: int, input_len: int, task=None) -> dict[str, Any]:

@@ -133,10 +133,25 @@ def get_vocabulary(path: str | os.PathLike | None = None):
 
     Returns:
       seqio.SentencePieceVocabulary with `vocab_size` = pieces + 100 (8100 for the shipped model).
+
+    Raises:
+      FileNotFoundError: `path` (gin: VOCAB_PATH) is a remote path (gs://, http...) or no file,
+        checked before seqio reads it.
     """
     import seqio  # Lazy: seqio imports TensorFlow.
 
-    return seqio.SentencePieceVocabulary(str(path or DEFAULT_VOCAB_PATH), extra_ids=EXTRA_IDS)
+    path = str(path or DEFAULT_VOCAB_PATH)
+    if "://" in path:
+        raise FileNotFoundError(
+            f"VOCAB_PATH {path!r} is remote; this job reads local files only: copy the "
+            "SentencePiece .model here and pass --gin.VOCAB_PATH=\"'/path/to/spm.model'\"."
+        )
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"VOCAB_PATH {path!r}: no such file (a SentencePiece .model; the shipped one is "
+            f"{DEFAULT_VOCAB_PATH})."
+        )
+    return seqio.SentencePieceVocabulary(path, extra_ids=EXTRA_IDS)
 
 
 def model_vocab_size(vocab) -> int:

@@ -11,7 +11,7 @@ import pytest
 from conftest import encoder_inputs, init_params, recipe_params, tiny_config
 from flax import serialization
 
-from specdec_t5x import checkpoints, network
+from specdec_t5x import checkpoint_leaves, checkpoints, network
 
 QUERY = ("decoder", "layers_0", "self_attention", "query", "kernel")
 
@@ -157,9 +157,9 @@ def test_missing_directory_and_missing_array_errors(tiny, tmp_path):
 
 
 def test_chunk_shape_matches_t5x():
-    assert checkpoints.choose_chunk_shape((8, 12), 1000) == [8, 12]
-    assert checkpoints.choose_chunk_shape((4096, 10240), 16 * 2**20) == [4096, 2560]
-    chunks = checkpoints.choose_chunk_shape((32128, 4096), 2**20)
+    assert checkpoint_leaves.choose_chunk_shape((8, 12), 1000) == [8, 12]
+    assert checkpoint_leaves.choose_chunk_shape((4096, 10240), 16 * 2**20) == [4096, 2560]
+    chunks = checkpoint_leaves.choose_chunk_shape((32128, 4096), 2**20)
     assert np.prod(chunks) <= 2**20 and 32128 % chunks[0] == 0 and 4096 % chunks[1] == 0
 
 

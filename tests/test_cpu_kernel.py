@@ -9,6 +9,7 @@ import pytest
 from conftest import encoder_inputs
 
 from specdec_t5x import cpu_kernel, decoding, embedded, models, network
+from specdec_t5x.cpu_kernel import extension
 from specdec_t5x.timing import step_timer
 
 needs_kernel = pytest.mark.skipif(
@@ -96,12 +97,12 @@ def test_pack_op_equals_pad_and_transpose(weight_dtype):
     rng = np.random.default_rng(2)
     for k, n in ((1, 1), (3, 33), (17, 415), (64, 257), (5, 1024), (7, 800)):
         w = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
-        got, want = cpu_kernel.pack(w, weight_dtype), cpu_kernel._pack_xla(w, dtype)
+        got, want = cpu_kernel.pack(w, weight_dtype), cpu_kernel.pack_reference(w, dtype)
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
     ws = jnp.asarray(rng.standard_normal((3, 9, 300)), jnp.float32)
     got = jax.vmap(lambda x: cpu_kernel.pack(x, weight_dtype))(ws)
-    want = jnp.stack([cpu_kernel._pack_xla(x, dtype) for x in ws])
+    want = jnp.stack([cpu_kernel.pack_reference(x, dtype) for x in ws])
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
 
@@ -532,8 +533,8 @@ def test_fallback_env_var_off(tiny_target, monkeypatch):
 def test_fallback_extension_missing(tiny_target, monkeypatch, caplog):
     """Simulated missing build: parameters stay raw, decoding runs on jnp.dot and says so once."""
     module, params = tiny_target
-    monkeypatch.setattr(cpu_kernel, "_library", lambda: None)
-    cpu_kernel._log_fallback_once.cache_clear()
+    monkeypatch.setattr(extension, "library", lambda: None)
+    extension.log_fallback_once.cache_clear()
     assert not cpu_kernel.available()
     with caplog.at_level("WARNING"):
         assert models.pack_params(module, params) is params
@@ -555,15 +556,15 @@ def test_stale_extension_is_not_loaded(monkeypatch, caplog):
     class OldBuild:  # exports the matmul symbols only
         SpecdecMatmul = SpecdecPack = object()
 
-    monkeypatch.setattr(cpu_kernel.ctypes, "CDLL", lambda path: OldBuild())
-    cpu_kernel._library.cache_clear()
-    cpu_kernel._log_fallback_once.cache_clear()
+    monkeypatch.setattr(extension.ctypes, "CDLL", lambda path: OldBuild())
+    extension.library.cache_clear()
+    extension.log_fallback_once.cache_clear()
     try:
         with caplog.at_level("WARNING"):
-            assert cpu_kernel._library() is None
+            assert extension.library() is None
         assert any("is stale" in r.message for r in caplog.records)
     finally:
-        cpu_kernel._library.cache_clear()
+        extension.library.cache_clear()
     monkeypatch.undo()
     assert cpu_kernel.available()  # the real build loads again
 

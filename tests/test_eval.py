@@ -342,6 +342,8 @@ def test_paper_row_end_to_end_on_synthetic_checkpoints_and_mock_tfds(tmp_path, m
     checkpoints.save_t5x_checkpoint(target, tmp_path / "target", 1000)
     checkpoints.save_t5x_checkpoint(draft, tmp_path / "draft", 1000)
     monkeypatch.setattr(seqio.TfdsDataSource, "num_input_examples", lambda self, split: None)
+    # The mock data stands in for prepared data (`inputs.check_tfds_prepared` checks it is there).
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
     out = tmp_path / "out"
     bindings = [
         *TINY_SIZE_BINDINGS,

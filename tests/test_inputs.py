@@ -63,3 +63,24 @@ def test_unknown_shipped_model_lists_the_shipped_names():
 
     with pytest.raises(FileNotFoundError, match=r"Shipped names: .*embedded_ende_target"):
         embedded.load_params("embedded_ende_targt")
+
+
+def test_the_paper_path_without_tfds_data_names_the_dataset_and_never_downloads(
+    tmp_path, monkeypatch
+):
+    from specdec_t5x import tasks
+
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"'wmt_t2t_translate/de-en:1.0.0'.*not prepared"):
+        inputs_lib.load_examples(tasks.WMT_TASK, "test", 1, 8, 8)
+    assert not any(tmp_path.iterdir())  # nothing downloaded or prepared
+
+
+@pytest.mark.parametrize(
+    "path", ["gs://t5-data/vocabs/cc_all.32000/sentencepiece.model", "/no/spm"]
+)
+def test_an_unreadable_vocabulary_names_the_macro(path):
+    from specdec_t5x import vocab
+
+    with pytest.raises(FileNotFoundError, match="VOCAB_PATH"):
+        vocab.get_vocabulary(path)

@@ -101,6 +101,6 @@ def test_no_matmul_variant_stubs_every_projection_and_restores_dense():
         with verify_cost._projections_stubbed():
             stubbed = verify_cost.make_fn(module, "loop", s.loop_steps).lower(*args).as_text()
     assert cpu_kernel.dense is real
-    assert full.count(cpu_kernel._TARGET) > 0
-    assert stubbed.count(cpu_kernel._TARGET) == 0
-    assert stubbed.count(cpu_kernel._ATTENTION_TARGET) == full.count(cpu_kernel._ATTENTION_TARGET)
+    assert full.count(cpu_kernel.MATMUL_TARGET) > 0
+    assert stubbed.count(cpu_kernel.MATMUL_TARGET) == 0
+    assert stubbed.count(cpu_kernel.ATTENTION_TARGET) == full.count(cpu_kernel.ATTENTION_TARGET)

@@ -206,28 +206,9 @@ def evaluate(
             target_params = spec_model.pack_params(target_params)  # CPU_WEIGHT_DTYPE
             draft_params = spec_model.draft.params if draft_params is None else draft_params
             draft_params = _pack_draft(spec_model.draft, draft_params)
-        baseline = models.EncoderDecoderModel(
-            spec_model.module, vocabulary, vocabulary, cpu_weight_dtype=spec_model.cpu_weight_dtype
+        fns = _decoders(
+            spec_model, target_params, draft_params, settings, speculation, measure, costs_gamma
         )
-        base_fn = jax.jit(
-            lambda tp, b, rng: baseline.predict_batch_with_aux(tp, b, rng, decoder_params=settings)[
-                0
-            ]
-        )
-        spec_fns = {g: costs.speculative_fn(spec_model, {**settings, "gamma": g}) for g in gammas}
-        cost_calls = None
-        if measure.loop_costs:
-            cost_calls = costs.RunCostCalls(spec_model, baseline, settings, costs_gamma)
-        auto_decoder = None
-        if speculation.auto:
-            auto_decoder = auto_gamma.AutoGammaDecoder(
-                spec_model,
-                target_params,
-                draft_params,
-                settings=settings,
-                gamma_max=speculation.auto_gamma_max,
-                cost_repeats=measure.cost_repeats,
-            )
         batches = inputs_lib.example_batches(
             examples, data.batch_size, data.input_len, data.target_len
         )
@@ -235,45 +216,14 @@ def evaluate(
         with interrupts.watch():
             rng0 = jax.random.PRNGKey(measure.seed)
             first = batches[0][1]
-            # Compile and warm up every function on the evaluation shapes (excluded from timing);
-            # with encoder length buckets, once per bucket.
-            with phase(f"compile and warm up {1 + len(spec_fns)} decoders"):
-                for enc in steps.warmup_sources(target_params, first["encoder_input_tokens"]):
-                    warm = {**first, "encoder_input_tokens": enc}
-                    jax.block_until_ready(base_fn(target_params, warm, rng0))
-                    interrupts.check()
-                    for g, fn in spec_fns.items():
-                        logger.info("compiled the baseline; compiling γ = %s", g)
-                        jax.block_until_ready(fn(target_params, draft_params, warm, rng0))
-                        interrupts.check()
-                    if cost_calls is not None:
-                        cost_calls.warm_up(target_params, draft_params, warm, rng0)
-            if auto_decoder is not None:
-                with phase("auto γ: cost curve and calibration"):
-                    auto_decoder.compile(auto_decoder.choose(first)[0], first)
-            interrupts.check()
+            _warm_up(fns, first, rng0, interrupts)
             with phase(f"decode {len(examples)} examples in {len(batches)} batches"):
+                desc = f"{data.task} T={sampling_settings.temperature}"
                 runs, choices, compiles = _decode_all(
-                    {
-                        "base_fn": base_fn,
-                        "spec_fns": spec_fns,
-                        "cost_calls": cost_calls,
-                        "auto": auto_decoder,
-                        "tp": target_params,
-                        "dp": draft_params,
-                    },
-                    batches,
-                    examples,
-                    gammas,
-                    headline_key,
-                    costs_gamma,
-                    measure.seed,
-                    out,
-                    interrupts,
-                    vocabulary,
-                    eos_id,
-                    f"{data.task} T={sampling_settings.temperature}",
-                )
+                    fns, batches, examples, headline_key, costs_gamma, measure.seed, out,
+                    interrupts, vocabulary, eos_id, desc,
+                )  # fmt: skip
+            interrupts.check()
             with phase("costs: c and verify/step"):
                 run_costs, work = costs.measure(
                     spec_model,
@@ -283,9 +233,10 @@ def evaluate(
                     data.target_len,
                     costs_gamma,
                     settings,
-                    cost_calls,
+                    fns["cost_calls"],
                     measure.cost_repeats,
                 )
+            interrupts.check()
             with phase("summary"):
                 flat = summary.summarise(
                     runs,
@@ -302,48 +253,25 @@ def evaluate(
                 if speculation.auto:
                     quality_args = (seqio_task, vocabulary, examples, eos_id)
                     _add_auto_row(flat, runs, choices, gamma == "auto", quality_args)
-                    flat["auto"]["cost_curve"] = auto_decoder.controller.curve.to_dict()
-                    flat["auto"]["calls"] = auto_decoder.controller.history
+                    flat["auto"]["cost_curve"] = fns["auto"].controller.curve.to_dict()
+                    flat["auto"]["calls"] = fns["auto"].controller.history
             if measure.diagnostics and gamma != "auto":
                 with phase("diagnostics: where the time goes"):
                     budget = diagnostics.eval_time_budget(
-                        spec_model,
-                        target_params,
-                        draft_params,
-                        first,
-                        flat,
-                        runs,
-                        [n for n, _ in batches],
-                        gamma=gamma,
-                        settings=settings,
-                        repeats=measure.cost_repeats,
+                        spec_model, target_params, draft_params, first, flat, runs,
+                        [n for n, _ in batches], gamma=gamma, settings=settings,
+                        repeats=measure.cost_repeats, loop=work,
                         sources=[b["encoder_input_tokens"] for _, b in batches],
-                        loop=work,
-                    )
+                    )  # fmt: skip
                     flat["diagnostics"] = {"time_budget": budget}
                     flat["predicted_speedup_measured_costs"] = budget["predicted_speedup"]
             with phase("exactness checks"):
-                pad = inputs_lib.pad_rows([e["inputs"] for e in examples], data.input_len)
-                near_ties = []
-                if sampling_settings.greedy:
-                    near_ties = checks.near_ties(
-                        spec_model.module,
-                        target_params,
-                        pad,
-                        runs["baseline"].tokens,
-                        runs[headline_key].tokens,
+                flat.update(
+                    _exactness(
+                        spec_model, target_params, reference_params, runs, headline_key,
+                        examples, data.input_len, batches, settings, rng0,
                     )
-                if reference_params is not None:
-                    flat["weight_flips"] = checks.weight_flips(
-                        spec_model.module,
-                        settings,
-                        reference_params,
-                        target_params,
-                        batches,
-                        runs["baseline"].tokens,
-                        pad,
-                        rng0,
-                    )
+                )  # fmt: skip
         flat.update(
             task=data.task,
             split=data.split,
@@ -355,10 +283,8 @@ def evaluate(
             input_len=data.input_len,
             max_decode_len=data.target_len,
             inputs=input_report,
-            near_ties=near_ties,
             compilations_during_timing=compiles,
             cpu_weight_dtype=cpu_kernel.packed_weight_dtype(target_params),
-            max_near_tie_gap=max((r["top2_logit_gap"] for r in near_ties), default=None),
         )
         flat.update(provenance.record(command or " ".join(sys.argv)))
         flat["hardware"] = provenance.hardware_description(flat["hardware"])  # one line
@@ -375,11 +301,106 @@ def evaluate(
         out.close()
 
 
+def _exactness(
+    spec_model,
+    target_params,
+    reference_params,
+    runs,
+    headline_key,
+    examples,
+    input_len,
+    batches,
+    settings,
+    rng0,
+) -> dict[str, Any]:
+    """{'near_ties', 'max_near_tie_gap'} in argmax mode (`checks.near_ties`: each example whose
+    speculative tokens differ from the baseline's, with the target's top-2 logit gap there), and
+    'weight_flips' with bfloat16 CPU weights (`checks.weight_flips`)."""  # fmt: skip
+    pad = inputs_lib.pad_rows([e["inputs"] for e in examples], input_len)
+    near_ties = []
+    if sampling_lib.is_greedy(settings["temperature"]):
+        near_ties = checks.near_ties(
+            spec_model.module,
+            target_params,
+            pad,
+            runs["baseline"].tokens,
+            runs[headline_key].tokens,
+        )
+    out = {
+        "near_ties": near_ties,
+        "max_near_tie_gap": max((r["top2_logit_gap"] for r in near_ties), default=None),
+    }
+    if reference_params is not None:
+        out["weight_flips"] = checks.weight_flips(
+            spec_model.module,
+            settings,
+            reference_params,
+            target_params,
+            batches,
+            runs["baseline"].tokens,
+            pad,
+            rng0,
+        )
+    return out
+
+
+def _decoders(spec_model, target_params, draft_params, settings, speculation, measure, costs_gamma):
+    """The run's jitted decoders: {'base_fn', 'spec_fns' {γ: fn}, 'cost_calls' (or None),
+    'auto' (an `auto_gamma.AutoGammaDecoder` or None), 'tp', 'dp' (the packed parameters)}."""
+    vocabulary = spec_model.output_vocabulary
+    baseline = models.EncoderDecoderModel(
+        spec_model.module, vocabulary, vocabulary, cpu_weight_dtype=spec_model.cpu_weight_dtype
+    )
+    base_fn = jax.jit(
+        lambda tp, b, rng: baseline.predict_batch_with_aux(tp, b, rng, decoder_params=settings)[0]
+    )
+    fns = {"base_fn": base_fn, "tp": target_params, "dp": draft_params, "auto": None}
+    fns["spec_fns"] = {
+        g: costs.speculative_fn(spec_model, {**settings, "gamma": g})
+        for g in speculation.fixed_gammas
+    }
+    fns["cost_calls"] = (
+        costs.RunCostCalls(spec_model, baseline, settings, costs_gamma)
+        if measure.loop_costs
+        else None
+    )
+    if speculation.auto:
+        fns["auto"] = auto_gamma.AutoGammaDecoder(
+            spec_model,
+            target_params,
+            draft_params,
+            settings=settings,
+            gamma_max=speculation.auto_gamma_max,
+            cost_repeats=measure.cost_repeats,
+        )
+    return fns
+
+
+def _warm_up(fns, first, rng0, interrupts) -> None:
+    """Compiles and runs once every decoder on the evaluation shapes (excluded from timing); with
+    encoder length buckets once per bucket. Auto γ measures its cost curve here."""
+    tp, dp = fns["tp"], fns["dp"]
+    with phase(f"compile and warm up {1 + len(fns['spec_fns'])} decoders"):
+        for enc in steps.warmup_sources(tp, first["encoder_input_tokens"]):
+            warm = {**first, "encoder_input_tokens": enc}
+            jax.block_until_ready(fns["base_fn"](tp, warm, rng0))
+            interrupts.check()
+            for g, fn in fns["spec_fns"].items():
+                logger.info("compiled the baseline; compiling γ = %s", g)
+                jax.block_until_ready(fn(tp, dp, warm, rng0))
+                interrupts.check()
+            if fns["cost_calls"] is not None:
+                fns["cost_calls"].warm_up(tp, dp, warm, rng0)
+    if fns["auto"] is not None:
+        with phase("auto γ: cost curve and calibration"):
+            fns["auto"].compile(fns["auto"].choose(first)[0], first)
+    interrupts.check()
+
+
 def _decode_all(
     fns,
     batches,
     examples,
-    gammas,
     headline_key,
     costs_gamma,
     seed,
@@ -399,7 +420,7 @@ def _decode_all(
       during the timed calls (must be 0)).
     """
     tp, dp, cost_calls, auto = fns["tp"], fns["dp"], fns["cost_calls"], fns["auto"]
-    keys = ["baseline", *gammas, *(["auto"] if auto is not None else [])]
+    keys = ["baseline", *fns["spec_fns"], *(["auto"] if auto is not None else [])]
     runs = {key: summary.Run() for key in keys}
     keys += [] if cost_calls is None else list(cost_calls.fns)  # beside them, same order
     choices = []  # auto row: (γ chosen, its predicted speedup) per example

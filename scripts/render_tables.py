@@ -1,0 +1,103 @@
+"""Re-renders every committed table from the committed metrics.json files; re-runs nothing.
+
+  python scripts/render_tables.py                    # README.md, results/README.md, table.md files
+  python scripts/render_tables.py DIR [DIR ...] [--out table.md]   # one table of eval run folders
+
+Without arguments: the text between `<!-- NAME:start -->` and `<!-- NAME:end -->` in README.md
+(demo, the headline columns) and results/README.md (table2, table3), and each
+results/<table>/table.md, from the run folders under results/. With folders: one table of those
+runs (each DIR holds metrics.json, or is a parent of several), printed and optionally written.
+"""
+
+import argparse
+import pathlib
+
+from specdec_t5x.eval import tables
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+TABLES = {  # results/<name>/table.md and its marker in results/README.md: its row folders, in order
+    "table2": [f"embedded_{task}_model_t{t}" for task in ("ende", "sum") for t in (0, 1)],
+    "table3": [
+        f"embedded_{task}_{draft}_t{t}"
+        for task in ("ende", "sum")
+        for draft in ("unigram", "bigram", "model", "source_copy")
+        for t in (0, 1)
+    ],
+}
+DEMO = [RESULTS / "demo" / f"embedded_ende_model_t{t}" for t in (0, 1)]
+
+
+def metrics_files(dirs) -> list[pathlib.Path]:
+    """The metrics.json of each folder (or of its sub-folders), skipping folders without runs."""
+    files = []
+    for d in map(pathlib.Path, dirs):
+        files += (
+            [d / "metrics.json"]
+            if (d / "metrics.json").exists()
+            else sorted(d.glob("*/metrics.json"))
+        )
+    return files
+
+
+def table(files, headline: bool = False) -> str:
+    """The rows' table and where they came from (one line, or one per commit)."""
+    if headline:
+        rows = [r for f in files for r in tables.rows(_load(f), tables.headline_row)]
+        body = "\n".join([tables.HEADLINE_HEADER, *rows])
+    else:
+        body = tables.results_table(files)
+    return body + "\n\n" + tables.provenance_footer(files)
+
+
+def _load(path: pathlib.Path) -> dict:
+    import json
+
+    return json.loads(path.read_text())
+
+
+def replace(path: pathlib.Path, name: str, body: str) -> None:
+    """Replaces the text between the `name` markers of `path` (ValueError if they are missing)."""
+    text = path.read_text()
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if text.count(start) != 1 or text.count(end) != 1:
+        raise ValueError(f"{path} needs exactly one {start} and one {end}.")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    path.write_text(f"{head}{start}\n{body.strip()}\n{end}{tail}")
+
+
+def render_all() -> None:
+    """Every committed table, from what the runs recorded."""
+    replace(ROOT / "README.md", "demo", table(metrics_files(DEMO), headline=True))
+    for name, folders in TABLES.items():
+        files = metrics_files(
+            [RESULTS / name / f for f in folders if (RESULTS / name / f).is_dir()]
+        )
+        if files:
+            text = table(files)
+            (RESULTS / name / "table.md").write_text(text + "\n")
+            replace(RESULTS / "README.md", name, text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("dirs", nargs="*", help="eval run folders (default: every committed table)")
+    parser.add_argument("--out", default=None, help="also write the table here")
+    args = parser.parse_args()
+    if not args.dirs:
+        render_all()
+        return
+    files = metrics_files(args.dirs)
+    if not files:
+        raise SystemExit(f"no metrics.json under {args.dirs}")
+    text = table(files)
+    print(text)
+    if args.out:
+        pathlib.Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

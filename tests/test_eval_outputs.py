@@ -1,0 +1,243 @@
+"""The eval job's outputs can be trusted: guarded folders, atomic files, resume, Ctrl-C, --help,
+and degenerate cost measurements flagged instead of printed as numbers."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import tiny_spec_pair
+from test_eval import _evaluate_tiny
+
+from specdec_t5x.eval import cli, costs, job, outputs, summary, tables
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    return tiny_spec_pair()
+
+
+# ---------------------------------------------------------------------------------------------
+# Degenerate cost measurements.
+
+
+def _record(**costs_overrides):
+    step_costs = {
+        "target_step_ms": 1.0,
+        "iteration_ms": 1.6,
+        "verify_only_ms": 1.2,
+        "verify_capped": False,
+        "c": 0.2,
+        "verify_cost_ratio": 1.2,
+        **costs_overrides,
+    }
+    return {
+        "task": "ddtp_ende",
+        "draft": "d",
+        "temperature": 0.0,
+        "gamma": 2,
+        "alpha_beta": 0.5,
+        "c_measured": step_costs["c"],
+        "c_alone": None,
+        "verify_cost_ratio": step_costs["verify_cost_ratio"],
+        "tokens_per_iteration": 1.7,
+        "speedup": 1.1,
+        "predicted_speedup_measured_verify": 1.3,
+        "identical_fraction": 1.0,
+        "step_costs": step_costs,
+        "gamma_sweep": {"2": {}},
+    }
+
+
+@pytest.mark.parametrize(
+    "overrides, reason",
+    [
+        ({"c": 123029.53}, "c = 1.23e+05 outside [0, 2]"),
+        ({"verify_cost_ratio": 539579.83}, "verify/step = 5.396e+05 outside [0.5, 4]"),
+        ({"target_step_ms": 1e-6}, "non-positive slope"),
+        ({"verify_capped": True, "verify_only_ms": 2.0}, "verify call capped"),
+        ({"c": float("nan")}, "c = nan outside [0, 2]"),
+    ],
+)
+def test_a_degenerate_cost_measurement_is_flagged_not_printed(overrides, reason):
+    record = _record(**overrides)
+    assert any(reason in r for r in costs.degenerate(record["step_costs"], 2))
+    row = tables.table_row(record)
+    assert "n/a (degenerate: " in row and reason in row
+    assert "1.30X" not in row  # the prediction built on it is not printed as a number
+    assert "| 1.10X |" in row  # the measured speed still is
+
+
+def test_a_sound_cost_measurement_prints_its_numbers():
+    record = _record()
+    assert costs.degenerate(record["step_costs"], 2) == []
+    row = tables.table_row(record)
+    assert "n/a" not in row and "| 0.200 | 1.20 | 1.70 | 1.10X | 1.30X | 1.00 |" in row
+
+
+def test_old_flat_records_render_and_t1_speedups_name_their_baseline():
+    old = {**_record(), "temperature": 1.0}
+    old["step_costs"].pop("verify_capped")
+    assert tables.T5X_SAMPLER_MARK in tables.table_row(old)  # measured against T5X's sampler
+    fair = {**old, "speedup_vs_t5x_sampler": 1.4}
+    assert "1.10X (vs T5X sampler 1.40X)" in tables.table_row(fair)
+    grouped = summary.group(old)
+    assert summary.flat(grouped)["speedup"] == 1.1 and len(grouped) <= 25
+
+
+# ---------------------------------------------------------------------------------------------
+# The output folder.
+
+
+def test_a_used_folder_is_refused_unless_overwrite_which_removes_stale_outputs(tmp_path):
+    (tmp_path / "speedup.png").write_bytes(b"stale")
+    with pytest.raises(ValueError, match=r"not empty \(speedup.png\): pass --overwrite"):
+        outputs.OutputDir(tmp_path).open({"a": 1}, overwrite=False, resume=False)
+    out = outputs.OutputDir(tmp_path).open({"a": 1}, overwrite=True, resume=False)
+    assert not (tmp_path / "speedup.png").exists() and (tmp_path / outputs.LOCK).exists()
+    out.close()
+    assert not (tmp_path / outputs.LOCK).exists()
+    with pytest.raises(ValueError, match=r"differs in: a"):
+        outputs.OutputDir(tmp_path).open({"a": 2}, overwrite=False, resume=True)
+
+
+def test_a_folder_another_live_job_writes_is_refused(tmp_path):
+    (tmp_path / outputs.LOCK).write_text(str(os.getppid()))  # a live process that is not us
+    with pytest.raises(ValueError, match=rf"another job \(pid {os.getppid()}\) is writing"):
+        outputs.OutputDir(tmp_path).open({}, overwrite=True, resume=False)
+    (tmp_path / outputs.LOCK).write_text("999999999")  # a dead job's lock is taken over
+    outputs.OutputDir(tmp_path).open({}, overwrite=True, resume=False).close()
+
+
+def test_atomic_writes_leave_the_old_file_or_the_new_one(tmp_path):
+    path = tmp_path / "metrics.json"
+    outputs.write_json(path, {"v": 1})
+    with pytest.raises(TypeError):
+        outputs.write_json(path, {"v": object()})  # fails while serialising
+    assert json.loads(path.read_text()) == {"v": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume.
+
+
+def test_resume_after_an_interrupt_gives_the_uninterrupted_predictions(
+    tiny_pair, data_dir, tmp_path, monkeypatch
+):
+    kwargs = dict(gamma=2, temperature=1.0, num_examples=3, cost_repeats=2)
+    whole = _evaluate_tiny(tiny_pair, tmp_path / "whole", loop_costs=False, **kwargs)
+    decode_one, calls = job._decode_one, []
+
+    def interrupted(fns, key, batch, *args):
+        calls.append(key)
+        if len(calls) == 5:  # two rows per batch: the third batch's first call
+            raise KeyboardInterrupt
+        return decode_one(fns, key, batch, *args)
+
+    monkeypatch.setattr(job, "_decode_one", interrupted)
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        _evaluate_tiny(tiny_pair, out, loop_costs=False, **kwargs)
+    assert not (out / "metrics.json").exists() and not (out / outputs.LOCK).exists()
+    assert len((out / "predictions.jsonl").read_text().splitlines()) == 2  # as examples finished
+    with pytest.raises(ValueError, match="not empty"):
+        _evaluate_tiny(tiny_pair, out, loop_costs=False, **kwargs)
+    with pytest.raises(ValueError, match="another configuration"):
+        _evaluate_tiny(tiny_pair, out, loop_costs=False, resume=True, **{**kwargs, "gamma": 3})
+    monkeypatch.setattr(job, "_decode_one", decode_one)
+    resumed = _evaluate_tiny(tiny_pair, out, loop_costs=False, resume=True, **kwargs)
+    assert resumed["resumed"] == {"batches_restored": 2, "batches": 3}
+    texts = lambda d: [  # noqa: E731
+        (r["baseline"], r["speculative"])
+        for r in map(json.loads, (d / "predictions.jsonl").read_text().splitlines())
+    ]
+    assert texts(out) == texts(tmp_path / "whole")
+    assert resumed["tokens_per_iteration"] == whole["tokens_per_iteration"]
+    with pytest.raises(ValueError, match="is finished"):
+        _evaluate_tiny(tiny_pair, out, loop_costs=False, resume=True, **kwargs)
+    with pytest.raises(ValueError, match="cannot restore auto"):
+        _evaluate_tiny(tiny_pair, out, resume=True, **{**kwargs, "gamma": "auto"})
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line.
+
+
+def test_help_lists_the_flags_and_macros(capsys):
+    assert cli.main(["--help"]) is None
+    text = capsys.readouterr().out
+    for word in ("--gin_file", "--quick", "--overwrite", "--resume", "NUM_EXAMPLES", "GAMMA"):
+        assert word in text
+    with pytest.raises(ValueError, match="unknown argument '--fast'"):
+        cli.parse_flags(["--gin_file=x.gin", "--fast"])
+    assert cli.parse_flags(["--gin_file=x.gin", "--quick"])[0] == ["x.gin", cli.QUICK_GIN]
+
+
+def _argv(out: pathlib.Path, *flags: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "specdec_t5x.eval",
+        "--gin_file=gin/experiments/embedded_ende_source_copy_t0.gin",
+        "--gin.NUM_EXAMPLES=4",
+        "--gin.INPUT_LEN=32",
+        "--gin.TARGET_LEN=8",
+        "--gin.GAMMAS=None",
+        "--gin.LOOP_COSTS=False",
+        "--gin.COST_REPEATS=2",
+        f"--gin.EVAL_OUTPUT_DIR='{out}'",
+        *flags,
+    ]
+
+
+def _job(out: pathlib.Path, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        _argv(out, *flags), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _interrupt_on(proc: subprocess.Popen, text: str) -> tuple[int, str]:
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if text in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, _ = proc.communicate(timeout=600)
+    return proc.returncode, "".join(seen) + rest
+
+
+@pytest.mark.slow
+def test_sigint_in_compilation_and_at_a_quarter_of_decoding_exits_130_and_resumes(
+    data_dir, tmp_path
+):
+    """Ctrl-C on the job's own phase lines: during compilation, then at 25 % of the decode loop;
+    exit status 130, no corrupt file, and --resume finishes the run."""
+    ddtp = data_dir / "ddtp_ende" / "test.jsonl"  # a fourth sentence: 25 % is one batch
+    first = json.loads(ddtp.read_text().splitlines()[0])
+    with open(ddtp, "a") as f:
+        f.write(json.dumps({**first, "en": first["en"] + " Again."}, ensure_ascii=False) + "\n")
+    out = tmp_path / "out"
+    code, log = _interrupt_on(_job(out), "compile and warm up")
+    assert code == 130, log[-3000:]
+    assert "Segmentation fault" not in log and not (out / "metrics.json").exists()
+    json.loads((out / outputs.RUN_FILE).read_text())  # whole
+    code, log = _interrupt_on(_job(out, "--overwrite"), "decoded 1/4 batches (25%)")
+    assert code == 130, log[-3000:]
+    records = (out / outputs.RECORDS).read_text().splitlines()
+    assert 1 <= len(records) <= 4 and all(json.loads(r)["runs"] for r in records)
+    assert not (out / "metrics.json").exists() and not (out / outputs.LOCK).exists()
+    done = subprocess.run(
+        _argv(out, "--resume"), cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = summary.flat(json.loads((out / "metrics.json").read_text()))
+    assert metrics["resumed"]["batches_restored"] == len(records)
+    assert metrics["identical_fraction"] == 1.0
+    assert len((out / "predictions.jsonl").read_text().splitlines()) == 4
