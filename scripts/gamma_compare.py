@@ -1,4 +1,4 @@
-"""Issue-13 table: fixed γ, auto γ (0 = off), auto + early exit, block verification.
+"""The auto-γ comparison table: fixed γ, auto γ (0 = off), auto + early exit, block verification.
 
 One command, re-runnable with new models (the experiment gin files pick them):
 

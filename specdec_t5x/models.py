@@ -265,7 +265,7 @@ class EncoderDecoderModel:
         Args:
           params: model parameters: raw (the decoder projections are then packed for the CPU
             kernel inside every call: ~4-6% of a 64-token decode of the embedded target,
-            results/verify_cost/pack_cost_*.md) or from `pack_params` (packed once: no cost).
+            experiments/pack_in_call) or from `pack_params` (packed once: no cost).
           batch: `encoder_input_tokens` int32 [batch, enc_len] and `decoder_input_tokens` int32
             [batch, max_decode_len] (its shape sets the decode length).
           rng: PRNG key for sampling (None: `PRNGKey(0)` inside the decode fn).

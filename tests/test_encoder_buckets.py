@@ -7,7 +7,7 @@ import pytest
 from conftest import encoder_inputs, init_params, tiny_config
 
 from specdec_t5x import cpu_kernel, drafts, models, network, speculative, steps
-from specdec_t5x.timing import loops
+from specdec_t5x.timing import overheads
 
 needs_kernel = pytest.mark.skipif(
     not cpu_kernel.available(),
@@ -172,7 +172,7 @@ def test_setup_time_is_averaged_over_the_calls_buckets(target):
     draft = drafts.T5Draft(dmod, init_params(dmod, 7))
     spec = models.SpeculativeEncoderDecoderModel(module, draft)
     sources = [encoder_inputs(1, ENC_LEN, [n], vocab=48, seed=n) for n in (3, 8, 20, 39)]
-    out = loops.measure_setup_ms(
+    out = overheads.measure_setup_ms(
         spec, packed, draft.pack_params(draft.params), sources[0], 6, repeats=3, sources=sources
     )
     rows = out["by_length"]
@@ -181,7 +181,7 @@ def test_setup_time_is_averaged_over_the_calls_buckets(target):
         mean = sum(r[k] * r["calls"] for r in rows.values()) / 4
         assert out[k] == pytest.approx(mean) and out[k] > 0
     with pytest.raises(ValueError, match="at least one"):
-        loops.measure_setup_ms(spec, packed, draft.params, sources[0], 6, sources=[])
+        overheads.measure_setup_ms(spec, packed, draft.params, sources[0], 6, sources=[])
 
 
 @needs_kernel

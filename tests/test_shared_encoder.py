@@ -10,7 +10,7 @@ from conftest import init_params, tiny_config
 from test_train import DigitVocabulary, copy_pairs
 
 from specdec_t5x import drafts, embedded, models, network, steps
-from specdec_t5x.timing import loops
+from specdec_t5x.timing import overheads
 from specdec_t5x.training import checkpoints as train_checkpoints
 from specdec_t5x.training import shared_encoder, train
 
@@ -77,7 +77,7 @@ def test_shared_setup_equals_the_drafts_own_encoder_pass(tiny_target):
         jax.jit(ts)(tokens, pos, tc)[0], jax.jit(ts2)(tokens, pos, tc2)[0]
     )
     # The eval job's set-up timing takes the shared path (no encoder pass of the draft's own).
-    setup = loops.measure_setup_ms(shared, tp, own, enc, 8, repeats=1)
+    setup = overheads.measure_setup_ms(shared, tp, own, enc, 8, repeats=1)
     assert setup["draft_setup_ms"] > 0 and setup["target_setup_ms"] > 0
 
 

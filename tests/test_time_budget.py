@@ -7,7 +7,7 @@ import pytest
 
 from specdec_t5x import decoding, models, speculative, theory
 from specdec_t5x.eval import diagnostics, summary
-from specdec_t5x.timing import clock, loops
+from specdec_t5x.timing import clock, overheads
 
 SETUP = {"target_setup_ms": 2.0, "draft_setup_ms": 0.5}
 LOOP = {
@@ -84,7 +84,7 @@ def test_zero_cost_loops_run_the_lengths_measure_loop_ms_assumes(temperature):
     )
     assert int(stats.num_generated[0]) == n
     assert int(stats.num_iterations[0]) == -(-n // (gamma + 1))
-    ms = loops.measure_loop_ms(1, vocab, 12, gamma, settings, eos, repeats=2)
+    ms = overheads.measure_loop_ms(1, vocab, 12, gamma, settings, eos, repeats=2)
     assert set(ms) == set(LOOP) and all(v >= 0 for v in ms.values())
 
 

@@ -1,4 +1,4 @@
-"""The issue-13 results table: fixed γ, auto γ, auto γ + early exit, block verification.
+"""The auto-γ comparison table: fixed γ, auto γ, auto γ + early exit, block verification.
 
 `compare` decodes the first examples of a task split with the baseline (the target alone) and with
 every speculative variant, interleaved example by example (the order rotates each example, so

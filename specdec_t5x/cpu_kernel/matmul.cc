@@ -82,7 +82,7 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 load16(const uin
 // panels are one contiguous stream, so this runs on into the next panel). With several rows per
 // chunk the loop is busy with FMAs and the hardware prefetcher falls behind: on a T5-small-shaped
 // decoder (weights in L3) the 8-row verify step went from 1.8x to 1.25x the one-row step, and
-// bfloat16 weights read ~1.5x faster at one row (results/verify_cost/README.md, session 9).
+// bfloat16 weights read ~1.5x faster at one row (results/verify_cost/README.md).
 constexpr int64_t kPrefetchBytes = 4096;
 
 template <typename W>

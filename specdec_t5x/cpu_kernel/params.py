@@ -108,7 +108,7 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
     [ceil(N / 32), K, 32]` (see `pack`), stored in `weight_dtype`. So do, in float32 whatever
     `weight_dtype` is, the set-up projections a decode runs once per call on every source
     position: the encoder's attention and MLP kernels and the decoder's cross-attention key/value
-    (at M = the source length the kernel beats XLA:CPU's GEMM: results/setup_kernel/;
+    (at M = the source length the kernel beats XLA:CPU's GEMM: experiments/setup_switches;
     `SPECDEC_CPU_KERNEL_SETUP=0` leaves them on `jnp.dot`, for A/B runs; so does packing traced
     parameters inside a jitted call, where they would be packed on every call and used once).
     Everything else (embeddings, norms, relative position biases) is the same array object, so

@@ -8,9 +8,8 @@
 * `weight_flips`: with bfloat16-stored CPU weights, the greedy baseline is decoded again with the
   float32 weights (untimed) and every token the rounding flipped is reported.
 
-Checks run by scripts: `greedy_flip_report` / `flip_table` (bfloat16 activations,
-`scripts/bf16_near_ties.py`) and `kernel_greedy_identity` (CPU kernel on/off,
-`scripts/check_cpu_kernel.py`).
+The same comparisons with bfloat16 activations and with the CPU kernel on and off were one-off
+studies: experiments/bf16_near_ties and experiments/cpu_kernel_greedy_identity.
 """
 
 from __future__ import annotations
@@ -77,133 +76,6 @@ def weight_flips(module, settings, float32_params, bfloat16_params, batches, tok
         "max_float32_logit_gap": max((f["float32_logit_gap"] for f in flips), default=None),
         "flips": flips,
     }
-
-
-def _decode_batch(examples, input_len: int, target_len: int) -> dict[str, Any]:
-    """One batch of all `examples` (encoder inputs zero-padded/cut to input_len)."""
-    enc = np.zeros((len(examples), input_len), np.int32)
-    for i, ex in enumerate(examples):
-        inputs = np.asarray(ex["inputs"])[:input_len]
-        enc[i, : len(inputs)] = inputs
-    return {
-        "encoder_input_tokens": jnp.asarray(enc),
-        "decoder_input_tokens": jnp.zeros((len(examples), target_len), jnp.int32),
-    }
-
-
-def greedy_flip_report(spec_model, target_params, gamma: int, examples, input_len, target_len):
-    """Greedy baseline vs greedy speculative decodes of `examples` in one batch, and what differs.
-
-    Used with bfloat16 activations (`scripts/bf16_near_ties.py`): each differing example gets a
-    `near_tie_report` plus the bfloat16 spacing at the top logit there.
-
-    Args:
-      spec_model: `models.SpeculativeEncoderDecoderModel` (its draft's own params are used).
-      target_params: target parameters; gamma: γ.
-      examples: dicts with 'inputs' (int32 token ids); input_len, target_len: batch shapes.
-
-    Returns:
-      {'identical_fraction', 'num_differing', 'largest_flipped_top2_gap', 'flips'}.
-    """
-    baseline_model = models.EncoderDecoderModel(spec_model.module)
-    batch = _decode_batch(examples, input_len, target_len)
-    enc = np.asarray(batch["encoder_input_tokens"])
-    greedy = {"temperature": 0.0}
-    baseline = jax.jit(
-        lambda p, b: baseline_model.predict_batch_with_aux(p, b, decoder_params=greedy)[0]
-    )(target_params, batch)
-    spec = jax.jit(
-        lambda p, dp, b: spec_model.predict_batch_with_aux(
-            p, b, decoder_params={**greedy, "gamma": int(gamma)}, draft_params=dp
-        )[0]
-    )(target_params, spec_model.draft.params, batch)
-    baseline, spec = np.asarray(baseline), np.asarray(spec)
-    flips = []
-    for i in np.flatnonzero((baseline != spec).any(-1)):
-        report = near_tie_report(spec_model.module, target_params, enc[i], baseline[i], spec[i])
-        logits = spec_model.module.apply(
-            {"params": target_params},
-            enc[i : i + 1],
-            np.pad(baseline[i : i + 1, :-1], ((0, 0), (1, 0))),
-            np.ones_like(baseline[i : i + 1]),
-            enable_dropout=False,
-        )[0, report["position"]]
-        top = float(jnp.max(logits))
-        report["bf16_spacing_at_top_logit"] = float(2.0 ** (np.floor(np.log2(abs(top))) - 7))
-        flips.append({"example": int(i), **report})
-    return {
-        "identical_fraction": float(np.mean((baseline == spec).all(-1))),
-        "num_differing": len(flips),
-        "largest_flipped_top2_gap": max((f["top2_logit_gap"] for f in flips), default=None),
-        "flips": flips,
-    }
-
-
-def flip_table(result) -> str:
-    """Markdown table of `{'settings': {name: greedy_flip_report(...)}, provenance...}`."""
-    lines = [
-        "| setting | identical | differing | largest flipped top-2 gap |",
-        "|---|---|---|---|",
-    ]
-    for name, r in result["settings"].items():
-        gap = r["largest_flipped_top2_gap"]
-        lines.append(
-            f"| {name} | {r['identical_fraction']:.3f} | {r['num_differing']} | "
-            f"{'-' if gap is None else f'{gap:.4f}'} |"
-        )
-    lines += ["", f"command: `{result['command']}`", f"commit: {result['commit']}"]
-    lines += [f"date: {result['date']}", f"hardware: {result['hardware']}"]
-    return "\n".join(lines) + "\n"
-
-
-def kernel_greedy_identity(spec_model, raw_params, examples, gamma: int) -> dict[str, Any]:
-    """Greedy decodes with and without the CPU matmul kernel, against the kernel-off baseline.
-
-    Variants (batch 1, input/target length 64): 'xla' (`SPECDEC_CPU_KERNEL=0`, the reference),
-    'kernel_float32', 'kernel_bfloat16' (packed weights) and 'kernel_speculative' (float32 panels,
-    the packed draft, γ = gamma).
-
-    Args:
-      spec_model: `models.SpeculativeEncoderDecoderModel`; raw_params: unpacked target params.
-      examples: dicts with 'inputs'; gamma: γ of the speculative variant.
-
-    Returns:
-      {'num_examples', 'variants': {name: {'identical', 'differing': [{'example',
-      'first_position'}]}}}.
-    """
-    from specdec_t5x import cpu_kernel  # local: the kernel package loads its extension
-
-    base = models.EncoderDecoderModel(spec_model.module)
-    greedy = {"temperature": 0.0, "topk": 0}
-    variants = {"xla": (raw_params, None)}
-    for dtype in ("float32", "bfloat16"):
-        packed = models.pack_params(spec_model.module, raw_params, dtype)
-        variants[f"kernel_{dtype}"] = (packed, None)
-    draft_params = spec_model.draft.pack_params(spec_model.draft.params)
-    variants["kernel_speculative"] = (variants["kernel_float32"][0], draft_params)
-    base_fn = jax.jit(lambda tp, b: base.predict_batch_with_aux(tp, b, decoder_params=greedy)[0])
-    spec_fn = jax.jit(
-        lambda tp, dp, b: spec_model.predict_batch_with_aux(
-            tp, b, decoder_params={**greedy, "gamma": gamma}, draft_params=dp
-        )[0]
-    )
-    tokens = {name: [] for name in variants}
-    for ex in examples:
-        batch = _decode_batch([ex], 64, 64)
-        for name, (tp, dp) in variants.items():
-            with cpu_kernel.env_setting(name != "xla"):  # jit traces under this setting
-                out = base_fn(tp, batch) if dp is None else spec_fn(tp, dp, batch)
-            tokens[name].append(np.asarray(out)[0])
-    ref = tokens["xla"]
-    result = {"num_examples": len(examples), "variants": {}}
-    for name, toks in tokens.items():
-        diffs = [
-            {"example": i, "first_position": int(np.nonzero(a != b)[0][0])}
-            for i, (a, b) in enumerate(zip(toks, ref, strict=True))
-            if not np.array_equal(a, b)
-        ]
-        result["variants"][name] = {"identical": len(toks) - len(diffs), "differing": diffs}
-    return result
 
 
 def _teacher_forced_logits(module, params, encoder_input_tokens, tokens) -> np.ndarray:

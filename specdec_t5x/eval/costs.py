@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from specdec_t5x import models
-from specdec_t5x.timing import loops
+from specdec_t5x.timing import loops, overheads
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def measure(
     work = None
     sampling_keys = {k: settings[k] for k in ("temperature", "topk", "topp") if k in settings}
     if cost_calls is not None:
-        work = loops.measure_loop_ms(
+        work = overheads.measure_loop_ms(
             first.shape[0],
             spec_model.module.config.vocab_size,
             target_len,

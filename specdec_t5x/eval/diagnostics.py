@@ -38,7 +38,7 @@ import numpy as np
 from specdec_t5x import metrics as metrics_lib
 from specdec_t5x import speculative, theory
 from specdec_t5x.eval import summary
-from specdec_t5x.timing import clock, loops
+from specdec_t5x.timing import clock, overheads
 
 Array = jax.Array
 
@@ -182,12 +182,12 @@ def eval_time_budget(
     """
     enc = batch["encoder_input_tokens"]
     L = batch["decoder_input_tokens"].shape[1]
-    setup = loops.measure_setup_ms(
+    setup = overheads.measure_setup_ms(
         spec_model, target_params, draft_params, enc, L, repeats, sources
     )
     vocab = spec_model.module.config.vocab_size
     if loop is None:
-        loop = loops.measure_loop_ms(
+        loop = overheads.measure_loop_ms(
             enc.shape[0], vocab, L, gamma, settings, spec_model.eos_id, repeats
         )
     counts = per_call_counts(runs, gamma, spec_model.eos_id, rows_per_call)

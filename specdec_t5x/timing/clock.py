@@ -100,8 +100,8 @@ def paired_ratio(numerator_ms: Sequence[float], denominator_ms: Sequence[float])
 
     `time_interleaved` times every call once per round, back to back, so the two calls of a round
     share the machine's state (clock, the other core's load); the ratio within a round cancels
-    what they share, where a ratio of two separate medians does not (session 11: the same models
-    read a verify ratio of 1.11 in one Table 3 row and 1.36 in the next, the step times' spreads
+    what they share, where a ratio of two separate medians does not (the same models once read a
+    verify ratio of 1.11 in one Table 3 row and 1.36 in the next, the step times' spreads
     overlapping by 30 %).
 
     Args:

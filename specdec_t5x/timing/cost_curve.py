@@ -6,10 +6,10 @@ the eval job's step costs (`step_timer.time_decoder_steps`):
 
 * T(k): the target's cached call on k = 1..γmax + 1 tokens (the verify call of γ = k - 1);
 * the draft's one-token step;
-* the decode loops' own work (`loops.measure_loop_ms`: the real loops with zero-cost models):
+* the decode loops' own work (`overheads.measure_loop_ms`: the real loops with zero-cost models):
   s_1 per baseline token and o(γ) per speculative iteration (sampling or argmax, the acceptance
   test, buffer and statistics updates, loop bookkeeping), plus a fixed part per call;
-* the per-call set-up (`loops.measure_setup_ms`): the target's encoder pass and cache
+* the per-call set-up (`overheads.measure_setup_ms`): the target's encoder pass and cache
   (both decoders) and the draft's (speculative only).
 
 With u = T(1) + s_1, the baseline's cost per token, the steady-state speedup of γ (long outputs)
@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from specdec_t5x import theory
-from specdec_t5x.timing import loops, step_timer
+from specdec_t5x.timing import loops, overheads, step_timer
 
 Array = jax.Array
 
@@ -51,7 +51,7 @@ class CostCurve:
         missing: 1), from `calibrated`. The component model composes costs timed in isolation;
         in the real loops the extra draft steps of γ >= 2 cost more than their isolated time
         (measured / predicted fell from ~1.0 at γ = 1 to ~0.9 at γ = 2 and ~0.8 at γ = 5 in every
-        Table-2 row of session 7), which made the model prefer γ = 2 where γ = 1 was faster.
+        Table-2 row measured), which made the model prefer γ = 2 where γ = 1 was faster.
       interference_ms: what one iteration's model calls cost beyond γ lone draft steps and the
         verify call (`step_timer.time_decoder_steps`: the draft reloaded into the CPU's caches
         after each verify call), once per iteration (0: not measured).
@@ -155,9 +155,9 @@ def calibrated(curve: CostCurve, calls: Mapping[int, Any]) -> CostCurve:
     γ = 0 (the baseline): the median of measured / modelled over its calls. γ >= 1: the medians of
     each γ's calls, smoothed by a least-squares line in γ through them when three or more γ were
     timed (with two the line passes through both). The model's error changes steadily with γ
-    (session 7: measured / modelled fell from ~1.0 at γ = 1 to ~0.8 at γ = 5 in every Table-2
+    (measured / modelled fell from ~1.0 at γ = 1 to ~0.8 at γ = 5 in every Table-2
     row), while a few calls of one example scatter each γ's median by ~5 % on this CPU: the line
-    keeps the trend and averages the scatter (session 9, Table 2 En→De at T = 1: per-γ medians
+    keeps the trend and averages the scatter (Table 2 En→De at T = 1 once: per-γ medians
     made γ = 4 look 7 % cheaper than γ = 2, auto kept γ = 4 and ran 0.93× the best fixed γ).
 
     Args:
@@ -247,7 +247,7 @@ def measure_cost_curve(
             repeats=repeats,
             block_sizes=range(1, gamma_max + 2),
         )
-        setup = loops.measure_setup_ms(
+        setup = overheads.measure_setup_ms(
             spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len, repeats
         )
         loop_work = measure_loop_work_ms(
@@ -301,7 +301,7 @@ def measure_loop_work_ms(
     verification: str = "token",
     repeats: int = 20,
 ) -> dict[str, Any]:
-    """The decode loops' own work for γ = 1..gamma_max (`loops.measure_loop_ms`), in ms.
+    """The decode loops' own work for γ = 1..gamma_max (`overheads.measure_loop_ms`), in ms.
 
     Measured at γ = 1 and γ = gamma_max (real loops, zero-cost models) and interpolated linearly
     in γ between them (the per-iteration work is γ draft samples plus a fixed part).
@@ -312,7 +312,7 @@ def measure_loop_work_ms(
     """
     ends = sorted({1, gamma_max})
     measured = {
-        g: loops.measure_loop_ms(
+        g: overheads.measure_loop_ms(
             batch, vocab, max_decode_len, g, settings, eos_id, repeats, verification=verification
         )
         for g in ends

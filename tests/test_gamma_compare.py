@@ -1,4 +1,4 @@
-"""`gamma_table`: the issue-13 comparison on the tiny random pair (row contents, not timings)."""
+"""`gamma_table`: the auto-γ comparison on the tiny random pair (row contents, not timings)."""
 
 import json
 

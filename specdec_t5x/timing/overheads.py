@@ -1,0 +1,135 @@
+"""What is not a model call: the per-call set-up (encoder pass, cache set-up) and the decode
+loops' own work (sampling, acceptance, bookkeeping), timed with zero-cost models (`clock.zero_cost_decode`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specdec_t5x import speculative, steps
+from specdec_t5x.timing import clock
+
+Array = jax.Array
+
+
+def measure_setup_ms(
+    spec_model,
+    target_params,
+    draft_params,
+    encoder_input_tokens: Array,
+    max_decode_len: int,
+    repeats: int = 20,
+    sources: Sequence[Array] | None = None,
+) -> dict[str, Any]:
+    """Medians (ms) of the target's and the draft's encoder pass + cache set-up, one call each.
+
+    On the CPU inference path the set-up runs at the sources' length bucket (`steps.bucketed`),
+    so its cost depends on the call's inputs: with `sources` (every call's inputs of a run), one
+    call per bucket is timed and the result is the mean over the run's calls.
+
+    Args:
+      spec_model: `models.SpeculativeEncoderDecoderModel` (its `decoder_state`, `draft.prepare`;
+        a draft sharing the target's encoder is timed from the target's encoder output).
+      target_params, draft_params: as the timed decoders get them (step_timer.packed).
+      encoder_input_tokens: int32 [batch, enc_len] (timed when `sources` is None).
+      max_decode_len: cache length.
+      repeats: interleaved timed rounds (`clock.time_interleaved`).
+      sources: optional int32 [batch, enc_len] inputs of each call of the run.
+
+    Returns:
+      {'target_setup_ms', 'draft_setup_ms'} per call (whole batch; the mean over `sources`), and
+      'by_length': {encoder length: {'target_setup_ms', 'draft_setup_ms', 'calls'}}.
+    """
+    sources = [encoder_input_tokens] if sources is None else list(sources)
+    if not sources:
+        raise ValueError("sources must hold at least one int32 [batch, enc_len] input.")
+    by_length: dict[int, list[Array]] = {}
+    for enc in sources:
+        by_length.setdefault(steps.setup_length(target_params, enc), []).append(enc)
+    target = jax.jit(lambda tp, e: spec_model.decoder_state(tp, e, max_decode_len)[0])
+    shares = getattr(spec_model.draft, "shares_target_encoder", False)
+    if shares:
+        # The draft's set-up is its cache from the target's encoder output (computed anyway).
+        encode = jax.jit(lambda tp, e: steps.encode(spec_model.module, tp, e))
+        draft = jax.jit(lambda dp, e, x: spec_model.draft.prepare(dp, e, max_decode_len, x)[0])
+    else:
+        draft = jax.jit(lambda dp, e: spec_model.draft.prepare(dp, e, max_decode_len)[0])
+    calls = {}
+    for length, encs in by_length.items():
+        enc = jnp.asarray(encs[0])
+        calls[("target", length)] = lambda e=enc: target(target_params, e)
+        if shares:
+            x = encode(target_params, enc)
+            calls[("draft", length)] = lambda e=enc, x=x: draft(draft_params, e, x)
+        else:
+            calls[("draft", length)] = lambda e=enc: draft(draft_params, e)
+    samples = clock.time_interleaved(calls, repeats)
+    out: dict[str, Any] = {"by_length": {}}
+    for k in ("target", "draft"):
+        total = 0.0
+        for length, encs in by_length.items():
+            ms = statistics.median(samples[(k, length)])
+            row = out["by_length"].setdefault(length, {"calls": len(encs)})
+            row[f"{k}_setup_ms"] = ms
+            total += ms * len(encs)
+        out[f"{k}_setup_ms"] = total / len(sources)
+    return out
+
+
+def measure_loop_ms(
+    batch: int,
+    vocab: int,
+    max_decode_len: int,
+    gamma: int,
+    settings: Mapping[str, Any],
+    eos_id: int,
+    repeats: int = 20,
+    verification: str = "token",
+) -> dict[str, float]:
+    """The decode loops' own work (no model cost), per token / iteration and per call, in ms.
+
+    Runs `decoding.temperature_sample` and `speculative.speculative_sample` with zero-cost models
+    (`constant_step`: target and draft share one logits row, so every draft is accepted and no
+    EOS is drawn) for `max_decode_len` and `max_decode_len // 2` tokens; the slope is the work per
+    baseline token / speculative iteration (sampling, acceptance test and residual, buffer and
+    statistics updates, loop bookkeeping), the intercept the fixed per-call part.
+
+    Args:
+      batch, vocab, max_decode_len: the decode shapes; gamma: γ; settings: {'temperature',
+        'topk', 'topp'}; eos_id: EOS id; repeats: interleaved rounds; verification: 'token' or
+        'block' (`speculative.speculative_sample`).
+
+    Returns:
+      {'baseline_per_token_ms', 'baseline_fixed_ms', 'speculative_per_iteration_ms',
+      'speculative_fixed_ms'}.
+    """
+    lengths = (max_decode_len, max(1, max_decode_len // 2))
+    shapes = dict(batch=batch, vocab=vocab, max_decode_len=max_decode_len, eos_id=eos_id)
+    base = lambda n: clock.zero_cost_decode(None, max_decode_steps=n, settings=settings, **shapes)
+    spec = lambda n: clock.zero_cost_decode(
+        speculative.speculative_sample,
+        gamma,
+        max_decode_steps=n,
+        settings=settings,
+        verification=verification,
+        **shapes,
+    )
+
+    calls = {("base", n): base(n) for n in lengths} | {("spec", n): spec(n) for n in lengths}
+    ms = {k: statistics.median(v) for k, v in clock.time_interleaved(calls, repeats).items()}
+    units = {"base": {n: n for n in lengths}, "spec": {n: -(-n // (gamma + 1)) for n in lengths}}
+    out = {}  # all drafts accepted: a call of n tokens takes ceil(n / (γ + 1)) iterations
+    for name, slope_key, fixed_key in (
+        ("base", "baseline_per_token_ms", "baseline_fixed_ms"),
+        ("spec", "speculative_per_iteration_ms", "speculative_fixed_ms"),
+    ):
+        (n1, n2), u = lengths, units[name]
+        slope = max((ms[(name, n1)] - ms[(name, n2)]) / max(u[n1] - u[n2], 1), 0.0)
+        out[slope_key] = slope
+        out[fixed_key] = max(ms[(name, n1)] - slope * u[n1], 0.0)
+    return out
