@@ -2,15 +2,18 @@
 
   python scripts/render_tables.py                    # README.md, results/README.md, table.md files
   python scripts/render_tables.py DIR [DIR ...] [--out table.md]   # one table of eval run folders
+  python scripts/render_tables.py --repeated DIR    # DIR/<row>/run<k>/: medians table, DIR/table.md
 
 Without arguments: the text between `<!-- NAME:start -->` and `<!-- NAME:end -->` in README.md
 (demo, the headline columns) and results/README.md (table2, table3), and each
-results/<table>/table.md, from the run folders under results/. With folders: one table of those
-runs (each DIR holds metrics.json, or is a parent of several), printed and optionally written.
+results/<table>/table.md, from the run folders under results/, and every folder of repeated runs
+(`scripts/repeat_rows.py`: results/<name>/<row>/run<k>/metrics.json) as a medians table. With
+folders: one table of those runs (each DIR holds metrics.json, or is a parent of several).
 """
 
 import argparse
 import pathlib
+import sys
 
 from specdec_t5x.eval import tables
 
@@ -67,6 +70,24 @@ def replace(path: pathlib.Path, name: str, body: str) -> None:
     path.write_text(f"{head}{start}\n{body.strip()}\n{end}{tail}")
 
 
+def repeated_table(root: pathlib.Path) -> str:
+    """The medians table of `scripts/repeat_rows.py`'s folder (one row per <row>/ with runs)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import repeat_rows
+
+    rows, files = [], []
+    for row in sorted(p for p in root.iterdir() if p.is_dir()):
+        runs = sorted(row.glob("run*/metrics.json"))
+        if runs:
+            rows.append(
+                tables.median_row([_load(f) for f in runs], repeat_rows.target_label(row.name))
+            )
+            files += runs
+    if not files:
+        raise SystemExit(f"no <row>/run<k>/metrics.json under {root}")
+    return "\n".join([tables.MEDIAN_HEADER, *rows]) + "\n\n" + tables.provenance_footer(files)
+
+
 def render_all() -> None:
     """Every committed table, from what the runs recorded."""
     replace(ROOT / "README.md", "demo", table(metrics_files(DEMO), headline=True))
@@ -78,6 +99,9 @@ def render_all() -> None:
             text = table(files)
             (RESULTS / name / "table.md").write_text(text + "\n")
             replace(RESULTS / "README.md", name, text)
+    for root in sorted(p for p in RESULTS.iterdir() if p.is_dir()):
+        if any(root.glob("*/run*/metrics.json")):
+            (root / "table.md").write_text(repeated_table(root) + "\n")
 
 
 def main() -> None:
@@ -86,7 +110,15 @@ def main() -> None:
     )
     parser.add_argument("dirs", nargs="*", help="eval run folders (default: every committed table)")
     parser.add_argument("--out", default=None, help="also write the table here")
+    parser.add_argument(
+        "--repeated", default=None, help="a folder of repeated runs (repeat_rows.py)"
+    )
     args = parser.parse_args()
+    if args.repeated:
+        text = repeated_table(pathlib.Path(args.repeated))
+        (pathlib.Path(args.repeated) / "table.md").write_text(text + "\n")
+        print(text)
+        return
     if not args.dirs:
         render_all()
         return

@@ -173,7 +173,7 @@ def provenance_footer(metrics_files: Sequence[str | os.PathLike]) -> str:
     if not metrics_files:
         raise ValueError("provenance_footer needs at least one metrics.json, got none")
     paths = [pathlib.Path(f) for f in metrics_files]
-    runs = [json.loads(f.read_text()) for f in paths]
+    runs = [summary.flat(json.loads(f.read_text())) for f in paths]
     first = runs[0]
     if len({m["commit"] for m in runs}) == 1:
         return f"Hardware: {first['hardware']}; commit `{first['commit']}`; {first['date']}."
@@ -323,3 +323,62 @@ def hf_comparison_table(result: dict[str, Any]) -> str:
         *provenance.markdown_lines(result),
     ]
     return "\n".join(rows) + "\n\n" + "\n".join(f"- {x}" for x in notes) + "\n"
+
+
+MEDIAN_HEADER = (
+    "| Task | Draft | Target | T | γ | α | c | verify/step | tokens per target call "
+    "| Speed: median (min–max) | Predicted (Thm 3.8) | Predicted (measured costs) | identical "
+    "| runs |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def median_row(records: Sequence[dict[str, Any]], target: str = "") -> str:
+    """One `MEDIAN_HEADER` row of repeated runs of one configuration: the median speed with the
+    range over runs, and the median of every other column (a degenerate run's costs excluded).
+
+    Args:
+      records: the runs' `metrics.json` records (grouped or flat), >= 1.
+      target: the target's label (e.g. 'T5 1.1 base shape (211M)').
+
+    Raises:
+      ValueError: no records, or records of different tasks, drafts, temperatures or γ.
+    """
+    flats = [summary.flat(m) for m in records]
+    if not flats:
+        raise ValueError("median_row needs at least one record.")
+    keys = {(m["task"], m["draft"], m["temperature"], str(m["gamma"])) for m in flats}
+    if len(keys) > 1:
+        raise ValueError(f"median_row got runs of different configurations: {sorted(keys)}.")
+    med = lambda xs: None if not xs else float(np.median(xs))  # noqa: E731
+    sound = [m for m in flats if not degenerate(m)]
+    speeds = [m["speedup"] for m in flats]
+    m0 = flats[0]
+    greedy = m0["temperature"] == 0
+    fair = all("speedup_vs_t5x_sampler" in m for m in flats)
+    speed = f"{med(speeds):.2f}X ({min(speeds):.2f}–{max(speeds):.2f})"
+    if not greedy and fair:
+        speed += f"; vs T5X sampler {med([m['speedup_vs_t5x_sampler'] for m in flats]):.2f}X"
+    elif not greedy:
+        speed += T5X_SAMPLER_MARK
+    cells = [
+        m0["task"],
+        m0["draft"],
+        target,
+        f"{m0['temperature']:g}",
+        str(m0["gamma"]),
+        _fmt(med([m["alpha_beta"] for m in flats if m.get("alpha_beta") is not None])),
+        _fmt(med([m["c_measured"] for m in sound]), ".3f") if sound else "n/a (degenerate)",
+        _fmt(med([m["verify_cost_ratio"] for m in sound])) if sound else "n/a",
+        _fmt(med([m["tokens_per_iteration"] for m in flats])),
+        speed,
+        _fmt(med([m["predicted_speedup_measured_verify"] for m in sound]), ".2f", "X"),
+        _fmt(
+            med([m["predicted_speedup_measured_costs"] for m in sound
+                 if m.get("predicted_speedup_measured_costs") is not None]),
+            ".2f",
+            "X",
+        ),
+        _fmt(med([m["identical_fraction"] for m in flats])),
+        str(len(flats)),
+    ]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"

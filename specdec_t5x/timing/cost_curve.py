@@ -237,15 +237,9 @@ def measure_cost_curve(
         verification,
     )
     if key not in _CURVES:
+        pair = (spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len)
         costs = step_timer.step_costs(
-            spec_model,
-            target_params,
-            draft_params,
-            encoder_input_tokens,
-            max_decode_len,
-            gamma_max,
-            repeats=repeats,
-            block_sizes=range(1, gamma_max + 2),
+            *pair, gamma_max, repeats=repeats, block_sizes=range(1, gamma_max + 2)
         )
         setup = overheads.measure_setup_ms(
             spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len, repeats
@@ -264,11 +258,7 @@ def measure_cost_curve(
         # (`loop_costs`): T(1) is taken from the baseline loop, and the k >= 2 calls are scaled by
         # the decode loop's verify call over the step timer's at k = gamma_max + 1.
         in_loop = loops.loop_costs(
-            spec_model,
-            target_params,
-            draft_params,
-            encoder_input_tokens,
-            max_decode_len,
+            *pair,
             gamma_max,
             settings,
             costs,

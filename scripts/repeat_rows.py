@@ -1,0 +1,80 @@
+"""Headline rows as medians of repeated runs: each row run REPEATS times as separate processes.
+
+  python scripts/repeat_rows.py demo --out results/demo_repeated              # the demo's rows
+  python scripts/repeat_rows.py paper_regime --out results/paper_regime       # widened targets
+  python scripts/repeat_rows.py paper_regime --rows ende_base_t0 --repeats 3 --gin.NUM_EXAMPLES=20
+
+Round r runs every row once, in an order shuffled with seed r (the VM drifts 10-25 % within an
+hour: interleaving spreads the drift over the rows). Each run is `python -m specdec_t5x.eval` into
+OUT/<row>/run<r>/; extra `--gin.KEY=VALUE` flags go to every run. Then OUT/table.md: one row per
+row, the median speed with its min-max over runs (`tables.median_row`), from what the runs
+recorded (`python scripts/render_tables.py` re-renders it).
+"""
+
+import argparse
+import pathlib
+import random
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+T0, T1 = "gin/experiments/embedded_ende_model_t0.gin", "gin/experiments/embedded_ende_model_t1.gin"
+ROW_SETS = {
+    "demo": {"embedded_t0": [T0], "embedded_t1": [T1]},
+    "paper_regime": {  # the shipped En→De pair with the target widened at load (TARGET_SHAPE)
+        f"ende_{shape}_t{t}": [T0 if t == 0 else T1, f"--gin.TARGET_SHAPE='{shape}'"]
+        for shape in ("base", "large", "small")
+        for t in (0, 1)
+    },
+}
+TARGETS = {"embedded": "embedded (13.6M)", "small": "T5 1.1 small shape", "base": "T5 1.1 base shape",
+           "large": "T5 1.1 large shape"}  # fmt: skip
+
+
+def target_label(row: str) -> str:
+    """The table's target label of a row name (its shape, or the shipped target)."""
+    return next((label for key, label in TARGETS.items() if f"_{key}" in f"_{row}"), "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("row_set", choices=sorted(ROW_SETS))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rows", default=None, help="comma-separated row names (default: all)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args, gin_flags = parser.parse_known_args()
+    bad = [f for f in gin_flags if not f.startswith("--gin.")]
+    if bad:
+        raise SystemExit(f"unknown arguments {bad}; extra flags must be --gin.KEY=VALUE.")
+    rows = ROW_SETS[args.row_set]
+    if args.rows:
+        unknown = sorted(set(args.rows.split(",")) - set(rows))
+        if unknown:
+            raise SystemExit(f"unknown rows {unknown}; {args.row_set} has {sorted(rows)}.")
+        rows = {name: rows[name] for name in args.rows.split(",")}
+    out = pathlib.Path(args.out)
+    for r in range(args.repeats):
+        order = list(rows)
+        random.Random(r).shuffle(order)
+        for name in order:
+            run_dir = out / name / f"run{r}"
+            gin_file, *bindings = rows[name]
+            cmd = [
+                sys.executable,
+                "-m",
+                "specdec_t5x.eval",
+                "--overwrite",
+                f"--gin_file={gin_file}",
+            ]
+            cmd += [*bindings, *gin_flags, f"--gin.EVAL_OUTPUT_DIR='{run_dir}'"]
+            print(f"round {r + 1}/{args.repeats}: {name}", flush=True)
+            subprocess.run(cmd, cwd=ROOT, check=True)
+    subprocess.run(
+        [sys.executable, "scripts/render_tables.py", "--repeated", str(out)], cwd=ROOT, check=True
+    )
+
+
+if __name__ == "__main__":
+    main()

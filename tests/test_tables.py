@@ -1,0 +1,62 @@
+"""Tables render from what the runs recorded: medians of repeated runs, and the committed tables."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from test_eval_outputs import _record
+
+from specdec_t5x.eval import summary, tables
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _run(speedup, **kw):
+    return summary.group({**_record(), "speedup": speedup, **kw})
+
+
+def test_median_row_is_the_median_with_the_range_over_runs():
+    row = tables.median_row([_run(1.5), _run(1.2), _run(1.9)], "T5 1.1 base shape")
+    assert (
+        "| 1.50X (1.20–1.90) |" in row and "| T5 1.1 base shape |" in row and row.endswith("| 3 |")
+    )
+    t1 = [{**_record(), "temperature": 1.0, "speedup": s, "speedup_vs_t5x_sampler": s + 0.2}
+          for s in (1.1, 1.3, 1.2)]  # fmt: skip
+    assert "1.20X (1.10–1.30); vs T5X sampler 1.40X" in tables.median_row(t1)
+    with pytest.raises(ValueError, match="different configurations"):
+        tables.median_row([_run(1.0), {**_record(), "gamma": 3}])
+
+
+def test_repeated_runs_render_from_their_records(tmp_path):
+    for row, speeds in (("ende_base_t0", (1.7, 1.8, 1.6)), ("ende_large_t0", (1.9, 2.0, 1.8))):
+        for r, s in enumerate(speeds):
+            run = tmp_path / row / f"run{r}"
+            run.mkdir(parents=True)
+            record = {**_run(s), "provenance": {"commit": "abc", "date": f"d{r}", "hardware": "hw"}}
+            (run / "metrics.json").write_text(json.dumps(record))
+    out = subprocess.run(
+        [sys.executable, "scripts/render_tables.py", "--repeated", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "table.md").read_text()
+    assert "| T5 1.1 base shape |" in table and "| 1.70X (1.60–1.80) |" in table
+    assert "| T5 1.1 large shape |" in table and "| 1.90X (1.80–2.00) |" in table
+
+
+def test_every_committed_table_regenerates_from_committed_records(tmp_path):
+    """`render_tables.py` re-renders README and results tables without re-running anything."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import render_tables
+
+    files = render_tables.metrics_files(render_tables.DEMO)
+    assert files and "| ddtp_ende |" in render_tables.table(files, headline=True)
+    for name, folders in render_tables.TABLES.items():
+        committed = [ROOT / "results" / name / f for f in folders]
+        rendered = render_tables.table(render_tables.metrics_files(committed))
+        assert rendered.strip() in (ROOT / "results" / name / "table.md").read_text(), name
