@@ -3,6 +3,17 @@
 This is the baseline every speculative speedup is measured against, so it is one jitted
 `lax.while_loop` with no host synchronisation, calling `tokens_to_logits` once per generated token.
 
+Two ways to draw each sampled token (`sampler`, one loop either way; `SAMPLERS`):
+
+* 't5x' (default): `jax.random.categorical` over the adjusted logits, a Gumbel draw per vocabulary
+  entry: T5X's tokens bit for bit (the paper's baseline).
+* 'inverse_cdf': one uniform per row and `sampling.inverse_cdf_sample` over the adjusted
+  distribution, the draw `speculative.speculative_sample` makes. Same distribution (same
+  temperature, top-k and top-p filters), different random tokens; it is the baseline whose
+  sampling work matches the speculative loop's, so a speed-up against it is speculation alone.
+
+In argmax mode (temperature at or below `MIN_TEMPERATURE`) both take the argmax: same tokens.
+
 Signature, argument meaning, defaults and return contract are T5X's (`t5x/decoding.py`), including
 its surprising default **`topk=1`**: with only `temperature=1.0` set, T5X decodes *greedily*. Gin files
 of this project therefore always set `topk` explicitly (`gin/decoding/*.gin`).
@@ -30,6 +41,8 @@ from specdec_t5x import sampling
 
 Array = jax.Array
 MIN_TEMPERATURE = sampling.MIN_TEMPERATURE
+
+SAMPLERS = ("t5x", "inverse_cdf")  # how each sampled token is drawn (module docstring)
 
 # Cache leaves that T5X does not expand for num_decodes > 1 (they carry no batch axis).
 _UNEXPANDED_CACHE_KEYS = ("cache_index", "cached_bias", "position_embedder_index")
@@ -81,6 +94,19 @@ class SamplingLoopState:
 TokensToLogits = Callable[[DecodingState], tuple[Array, Any]]
 
 
+def check_sampler(sampler: str) -> None:
+    """Checks a baseline sampler name.
+
+    Args:
+      sampler: 't5x' (T5X's Gumbel draw) or 'inverse_cdf' (the speculative loop's draw).
+
+    Raises:
+      ValueError: any other value, naming it and the valid ones.
+    """
+    if not isinstance(sampler, str) or sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {SAMPLERS}; got sampler={sampler!r}.")
+
+
 def expand_cache(cache: Any, num_decodes: int, cache_offset: int = 0, expand_index=False) -> Any:
     """Repeat-interleaves every batch-carrying cache leaf `num_decodes` times.
 
@@ -121,8 +147,12 @@ def temperature_sample(
     rescale_log_probs: bool = True,
     state_callback_fn: Callable[[SamplingLoopState], SamplingLoopState] | None = None,
     logit_callback_fn: Callable[[Array, SamplingLoopState], Array] | None = None,
+    sampler: str = "t5x",
 ) -> tuple[Array, Array]:
     """Temperature sampling with T5X's contract (mirrors `t5x.decoding.temperature_sample`).
+
+    With the default `sampler='t5x'` the tokens and log-probs are T5X's bit for bit; `sampler=
+    'inverse_cdf'` draws the same distribution as the speculative loop does (module docstring).
 
     Args:
       inputs: int32 [batch, max_decode_len]. Column 0 is the BOS slot; other non-zero entries are a
@@ -146,6 +176,12 @@ def temperature_sample(
         log-softmax of the raw logits.
       state_callback_fn: applied to the loop state at the start of each iteration and after it.
       logit_callback_fn: `(logits, state) -> logits`, applied before temperature/top-k/top-p.
+      sampler: how a sampled token is drawn (`SAMPLERS`): 't5x', `jax.random.categorical` (a
+        Gumbel per vocabulary entry; with a per-row temperature every row reuses the step's key,
+        as in T5X), or 'inverse_cdf', one uniform per row and `sampling.inverse_cdf_sample` over
+        the adjusted distribution (rows independent; rescaled log-probs are then the log of the
+        sampled token's adjusted probability, equal to T5X's log-softmax up to rounding). Not
+        part of T5X's signature.
 
     Returns:
       decodes: int32 [batch, num_decodes, max_decode_len]: prompt, generated tokens, EOS, zeros.
@@ -153,10 +189,12 @@ def temperature_sample(
 
     Raises:
       ValueError: topk and topp both set, topp outside [0, 1], negative temperature or topk,
-        a static `max_decode_steps` larger than `max_decode_len`, or `num_decodes` < 1.
+        a static `max_decode_steps` larger than `max_decode_len`, `num_decodes` < 1, or a
+        `sampler` not in `SAMPLERS`.
     """
     static_temperature = isinstance(temperature, int | float)
     sampling.validate(temperature if static_temperature else 1.0, topk, topp)
+    check_sampler(sampler)
     if num_decodes < 1:
         raise ValueError(f"num_decodes must be >= 1; got {num_decodes}.")
     batch, max_len = inputs.shape
@@ -193,6 +231,7 @@ def temperature_sample(
         rescale_log_probs,
         state_callback_fn,
         logit_callback_fn,
+        _DRAWS[sampler],
     )
     decodes = decodes.reshape(batch, num_decodes, max_len)  # [b * n, L] -> [b, n, L]
     log_probs = log_probs.reshape(batch, num_decodes)
@@ -201,38 +240,65 @@ def temperature_sample(
     return decodes, jnp.take_along_axis(log_probs, order, axis=1)
 
 
-def _next_token_and_log_prob(rng, logits, temperature, topk, topp, rescale_log_probs):
+def _categorical_draw(rng: Array, adjusted: Array) -> tuple[Array, None]:
+    """T5X's draw: int32 [rows] tokens by `jax.random.categorical` over float32 [rows, vocab]
+    adjusted logits (one Gumbel per entry); no probabilities computed (None)."""
+    return jax.random.categorical(rng, adjusted, axis=-1).astype(jnp.int32), None
+
+
+def _inverse_cdf_draw(rng: Array, adjusted: Array) -> tuple[Array, Array]:
+    """The speculative loop's draw: int32 [rows] tokens from one uniform per row by
+    `sampling.inverse_cdf_sample` over softmax(adjusted), and those float32 [rows, vocab]
+    probabilities (`speculative.speculative_sample`'s `propose` draws the same way)."""
+    probs = jax.nn.softmax(adjusted, axis=-1)
+    uniform = jax.random.uniform(rng, adjusted.shape[:-1])  # [rows]
+    return sampling.inverse_cdf_sample(uniform, probs), probs
+
+
+_DRAWS = {"t5x": _categorical_draw, "inverse_cdf": _inverse_cdf_draw}
+
+
+def _next_token_and_log_prob(rng, logits, temperature, topk, topp, rescale_log_probs, draw):
     """Samples int32 [B'] tokens and their float32 [B'] log-probs (see `temperature_sample`).
 
     A static or scalar temperature samples the whole [B', vocab] batch with one key. A per-row
-    temperature array samples row by row, each row as a [1, vocab] batch with the *same* key (T5X
-    maps its sampler over rows with `vmap`), so the tokens are T5X's bit for bit.
+    temperature array with T5X's draw samples row by row, each row as a [1, vocab] batch with the
+    *same* key (T5X maps its sampler over rows with `vmap`), so the tokens are T5X's bit for bit;
+    the inverse-CDF draw takes the per-row temperatures as one batch (independent uniforms).
     """
     if isinstance(temperature, int | float) and sampling.is_greedy(temperature):
         token = sampling.argmax(logits)
         if rescale_log_probs:
             return token, jnp.zeros(logits.shape[:1], jnp.float32)
         return token, _pick(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), token)
-    if jnp.ndim(temperature) == 1:
+    if jnp.ndim(temperature) == 1 and draw is _categorical_draw:
         token, log_prob = jax.vmap(
-            lambda row, t: _sample_rows(rng, row[None], t, topk, topp, rescale_log_probs)
+            lambda row, t: _sample_rows(rng, row[None], t, topk, topp, rescale_log_probs, draw)
         )(logits, jnp.asarray(temperature, jnp.float32))
         return token[:, 0], log_prob[:, 0]  # [B', 1] -> [B']
-    return _sample_rows(rng, logits, temperature, topk, topp, rescale_log_probs)
+    return _sample_rows(rng, logits, temperature, topk, topp, rescale_log_probs, draw)
 
 
 def _pick(log_probs: Array, token: Array) -> Array:
     return jnp.take_along_axis(log_probs, token[..., None], axis=-1)[..., 0]
 
 
-def _sample_rows(rng, logits, temperature, topk, topp, rescale_log_probs):
-    """int32 [rows] tokens and float32 [rows] log-probs for one (scalar) temperature."""
-    adjusted = sampling.adjust_logits(logits, temperature, topk, topp)
-    sampled = jax.random.categorical(rng, adjusted, axis=-1).astype(jnp.int32)
+def _sample_rows(rng, logits, temperature, topk, topp, rescale_log_probs, draw):
+    """int32 [rows] tokens and float32 [rows] log-probs for a scalar temperature, or float32
+    [rows] temperatures (inverse-CDF draw only), drawing with `draw`."""
+    if jnp.ndim(temperature) == 1:
+        adjusted = sampling.adjust_logits(logits, jnp.asarray(temperature)[:, None], topk, topp)
+    else:
+        adjusted = sampling.adjust_logits(logits, temperature, topk, topp)
+    sampled, probs = draw(rng, adjusted)
     greedy = sampling.greedy_rows(temperature)
     token = jnp.where(greedy, sampling.argmax(logits), sampled)
     if rescale_log_probs:
-        log_prob = jnp.where(greedy, 0.0, _pick(jax.nn.log_softmax(adjusted, axis=-1), token))
+        if probs is None:  # T5X: log-softmax of the adjusted logits
+            sampled_log_prob = _pick(jax.nn.log_softmax(adjusted, axis=-1), token)
+        else:  # the probabilities the draw already computed (> 0 at the drawn token)
+            sampled_log_prob = jnp.log(_pick(probs, token))
+        log_prob = jnp.where(greedy, 0.0, sampled_log_prob)
     else:
         log_prob = _pick(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), token)
     return token, log_prob
@@ -252,8 +318,9 @@ def _temperature_sample_single_trial(
     rescale_log_probs,
     state_callback_fn,
     logit_callback_fn,
+    draw,
 ):
-    """The sampling loop over flattened rows B' = batch * num_decodes."""
+    """The sampling loop over flattened rows B' = batch * num_decodes; `draw` is `_DRAWS[sampler]`."""
     rows, max_len = inputs.shape
     if max_decode_steps is None:
         row_max_len = jnp.full((rows,), max_len, jnp.int32)
@@ -286,7 +353,7 @@ def _temperature_sample_single_trial(
         if logit_callback_fn is not None:
             logits = logit_callback_fn(logits, state)
         token, log_prob = _next_token_and_log_prob(
-            rng, logits, temperature, topk, topp, rescale_log_probs
+            rng, logits, temperature, topk, topp, rescale_log_probs, draw
         )
         i = jnp.minimum(state.cur_index, row_max_len)  # [B']
         forced_token = state.sequences[row_ids, i + 1]

@@ -88,9 +88,15 @@ class EncoderDecoderModel:
       default_decoder_params: dict merged under per-call `decoder_params`.
       cpu_weight_dtype: storage of the decoder weights packed for the CPU kernel: 'float32'
         (default) or 'bfloat16' (CPU inference option: halves the bytes read, changes numerics).
+      sampler: the baseline's draw (`decoding.SAMPLERS`), passed to `decode_fn` as its `sampler`
+        keyword unless the call's `decoder_params` set one: 't5x' (T5X's tokens) or
+        'inverse_cdf' (the speculative loop's draw: the fair baseline at T > 0). None (default)
+        passes nothing (`decoding.temperature_sample` then draws as T5X). Needs a decode fn
+        with a `sampler` keyword (`decoding.temperature_sample`).
 
     Raises:
-      ValueError: `cpu_weight_dtype` not 'float32' or 'bfloat16'.
+      ValueError: `cpu_weight_dtype` not 'float32' or 'bfloat16'; `sampler` not None nor in
+        `decoding.SAMPLERS`, or set both here and in `default_decoder_params`.
     """
 
     def __init__(
@@ -105,8 +111,18 @@ class EncoderDecoderModel:
         loss_normalizing_factor: float | None = None,
         default_decoder_params: Mapping[str, Any] | None = None,
         cpu_weight_dtype: str = "float32",
+        sampler: str | None = None,
     ):
         cpu_kernel.check_weight_dtype(cpu_weight_dtype)
+        default_decoder_params = dict(default_decoder_params or {})
+        if sampler is not None:
+            decoding.check_sampler(sampler)
+            if "sampler" in default_decoder_params:
+                raise ValueError(
+                    f"sampler={sampler!r} is also set in default_decoder_params "
+                    f"({default_decoder_params['sampler']!r}); set it in one place."
+                )
+            default_decoder_params["sampler"] = sampler
         self.cpu_weight_dtype = cpu_weight_dtype
         self.module = module
         self.input_vocabulary = input_vocabulary
@@ -116,7 +132,7 @@ class EncoderDecoderModel:
         self.label_smoothing = label_smoothing
         self.z_loss = z_loss
         self.loss_normalizing_factor = loss_normalizing_factor
-        self.default_decoder_params = dict(default_decoder_params or {})
+        self.default_decoder_params = default_decoder_params
 
     @property
     def eos_id(self) -> int:
@@ -269,7 +285,8 @@ class EncoderDecoderModel:
           batch: `encoder_input_tokens` int32 [batch, enc_len] and `decoder_input_tokens` int32
             [batch, max_decode_len] (its shape sets the decode length).
           rng: PRNG key for sampling (None: `PRNGKey(0)` inside the decode fn).
-          decoder_params: extra keyword arguments for `decode_fn` (e.g. temperature, topk).
+          decoder_params: extra keyword arguments for `decode_fn` (e.g. temperature, topk;
+            sampler: 't5x' or 'inverse_cdf', see `decoding.temperature_sample`).
           return_all_decodes: return [batch, num_decodes, L] instead of the best [batch, L].
           num_decodes: samples per example.
           prompt_with_targets: use the decoder inputs (EOS zeroed) as a forced prompt.
@@ -318,11 +335,22 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       draft: a `drafts.Draft` (T5 model, unigram, bigram or source-copy).
       decode_fn: the speculative decode function (default `speculative.speculative_sample`);
         gin binds gamma / temperature / topk / topp on it.
-      Other arguments as `EncoderDecoderModel`.
+      Other arguments as `EncoderDecoderModel`, except `sampler`.
+
+    Raises:
+      ValueError: a `sampler` (the speculative loop always draws by inverse CDF; `sampler` picks
+        the draw of an `EncoderDecoderModel` baseline), or as `EncoderDecoderModel`.
     """
 
     def __init__(self, module, draft, input_vocabulary=None, output_vocabulary=None, **kwargs):
         from specdec_t5x import speculative  # local: speculative imports nothing from here
+
+        if kwargs.get("sampler") is not None:
+            raise ValueError(
+                f"SpeculativeEncoderDecoderModel takes no sampler (got sampler="
+                f"{kwargs['sampler']!r}): the speculative loop always draws by inverse CDF; "
+                "sampler sets the draw of a models.EncoderDecoderModel baseline."
+            )
 
         kwargs.setdefault("decode_fn", speculative.speculative_sample)
         super().__init__(module, input_vocabulary, output_vocabulary, **kwargs)

@@ -20,9 +20,9 @@ Semantics follow T5X's `temperature_sample` and `t5x/binary_search.py`, decision
 * removed tokens get the logit `NEG_INF` (finite, so no NaN can arise from all-masked rows).
 
 Only the speculative sampler uses `first_argmax` (the same tokens as `argmax`, computed faster on
-XLA:CPU) and `inverse_cdf_sample` (exact in distribution, one uniform per row, but not T5X's
-random draws). The baseline keeps `argmax` and `jax.random.categorical`, which are bit-identical
-to T5X.
+XLA:CPU). `inverse_cdf_sample` (exact in distribution, one uniform per row, but not T5X's random
+draws) is the speculative sampler's draw and the baseline's with `sampler='inverse_cdf'`. The
+baseline's default keeps `argmax` and `jax.random.categorical`, which are bit-identical to T5X.
 """
 
 from __future__ import annotations
@@ -247,9 +247,9 @@ def inverse_cdf_sample(uniform: Array, probs: Array) -> Array:
     cumulative mass inside the chosen block), since a full-vocabulary cumsum is slow on XLA:CPU.
     The target u · total is clipped below the (block) mass it is searched in, so a token with
     zero probability is never returned (rounding can only move mass between positive entries).
-    Used by the speculative sampler only (Leviathan et al., 2022, Algorithm 1 needs samples from
-    q, p and the residual exact in distribution, not T5X's Gumbel draws); the baseline keeps
-    `jax.random.categorical`.
+    Used by the speculative sampler (Leviathan et al., 2022, Algorithm 1 needs samples from q, p
+    and the residual exact in distribution, not T5X's Gumbel draws) and by the baseline's
+    `sampler='inverse_cdf'` (`decoding`); the baseline's default keeps `jax.random.categorical`.
 
     Args:
       uniform: float32 [...] in [0, 1) (e.g. `jax.random.uniform`); 1 is accepted too.

@@ -24,6 +24,11 @@ Why the function is kept (T5 v1.1, `network`):
 The logits layer must be untied (`logits_via_embedding=False`, T5 v1.1): a tied one divides by
 sqrt(d_model), which widening changes. The vocabulary is kept: padded vocabulary rows would give
 logit 0, which could win an argmax.
+
+At load time (`T5_1_1_SHAPES`, `shape_config`, `widen_to_shape`): the eval job's TARGET_SHAPE
+macro (gin/models/embedded_ende_target.gin) widens the shipped target to T5 1.1 small, base or
+large as it loads, so the shipped drafts run against a target at the paper's cost ratios with the
+embedded pair's α (same logits, hence the same greedy outputs and distributions).
 """
 
 from __future__ import annotations
@@ -43,6 +48,25 @@ _SHAPE_FIELDS = ("emb_dim", "num_heads", "head_dim", "mlp_dim")
 _LAYER = re.compile(r"layers_(\d+)$")
 
 
+def _t5_shape(emb_dim: int, num_heads: int, mlp_dim: int, layers: int) -> dict[str, int]:
+    return dict(
+        emb_dim=emb_dim,
+        num_heads=num_heads,
+        head_dim=64,
+        mlp_dim=mlp_dim,
+        num_encoder_layers=layers,
+        num_decoder_layers=layers,
+    )
+
+
+# Widths and depths of T5X's t5_1_1/{small,base,large}.gin (gin/models/t5_1_1_*.gin).
+T5_1_1_SHAPES = {
+    "small": _t5_shape(512, 6, 1024, 8),
+    "base": _t5_shape(768, 12, 2048, 12),
+    "large": _t5_shape(1024, 16, 2816, 24),
+}
+
+
 def widen_config(config: network.T5Config, shape: network.T5Config) -> network.T5Config:
     """`shape`'s widths and depths with `config`'s vocabulary, activations, logits layer and the
     layer-norm ε that keeps the function (ε * d_old / d_new).
@@ -60,6 +84,85 @@ def widen_config(config: network.T5Config, shape: network.T5Config) -> network.T
         dropout_rate=config.dropout_rate,
         layer_norm_epsilon=config.layer_norm_epsilon * config.emb_dim / shape.emb_dim,
     )
+
+
+def shape_config(config: network.T5Config, shape: str | None) -> network.T5Config:
+    """The config of `config`'s model widened to a named T5 1.1 shape (`T5_1_1_SHAPES`).
+
+    Args:
+      config: the shipped model's config.
+      shape: 'small', 'base' or 'large'; None returns `config` itself.
+
+    Returns:
+      `widen_config(config, ...)` at that shape's widths and depths: `config`'s vocabulary,
+      activations, dtype and layer layout, the layer-norm ε that keeps the function.
+
+    Raises:
+      ValueError: an unknown shape name (listing the valid ones).
+    """
+    if shape is None:
+        return config
+    if not isinstance(shape, str) or shape not in T5_1_1_SHAPES:
+        raise ValueError(
+            f"target shape must be one of {sorted(T5_1_1_SHAPES)} (T5 1.1 widths and depths) or "
+            f"None (as shipped); got {shape!r}."
+        )
+    return widen_config(config, dataclasses.replace(config, **T5_1_1_SHAPES[shape]))
+
+
+def widen_to_shape(
+    params: Any, config: network.T5Config, shape: str | None, dtype: Any = None
+) -> Any:
+    """`params` widened to a named T5 1.1 shape as they load (the eval job's TARGET_SHAPE).
+
+    The widened tree is built leaf by leaf from `params` (`widen`); gin passes the freshly loaded
+    tree and keeps only the result, so the one full-size copy is the widened one.
+
+    Args:
+      params: parameter tree of `network.Transformer(config)` (e.g. `embedded.load_params`).
+      config: its config.
+      shape: 'small', 'base' or 'large' (`T5_1_1_SHAPES`); None returns `params` unchanged.
+      dtype: as `widen` (None keeps each leaf's dtype: float32 from `embedded.load_params`).
+
+    Returns:
+      Parameters of `network.Transformer(shape_config(config, shape))` computing the same logits
+      (float32: to ~1e-5).
+
+    Raises:
+      ValueError: an unknown shape name, or a shape smaller than `config` in some width or depth.
+    """
+    if shape is None:
+        return params
+    return widen(params, config, shape_config(config, shape), dtype)
+
+
+def unwidened_encoder_config(config: network.T5Config, target_shape: str | None):
+    """The target's encoder config for a draft that reads the target's encoder output.
+
+    Such a draft (`network.TargetEncoderTransformer`, gin/models/embedded_*_draft_te.gin) was
+    trained on the shipped target's encoder and cross-attends over its width, so it cannot follow
+    a widened target.
+
+    Args:
+      config: the shipped target's config.
+      target_shape: the target's TARGET_SHAPE; must be None.
+
+    Returns:
+      `config`.
+
+    Raises:
+      ValueError: `target_shape` is not None (naming the drafts to use instead).
+    """
+    if target_shape is not None:
+        raise ValueError(
+            "a draft that reads the target's encoder output (gin/models/embedded_sum_draft_te.gin, "
+            "gin/models/embedded_ende_draft_te.gin) cannot follow a target widened to "
+            f"TARGET_SHAPE={target_shape!r}: it cross-attends over the shipped target's encoder "
+            "width. Use the draft with its own encoder instead (gin/models/embedded_sum_draft.gin "
+            "for summarization, gin/models/embedded_ende_draft.gin for En->De), or TARGET_SHAPE="
+            "None."
+        )
+    return config
 
 
 def _check(config: network.T5Config, new: network.T5Config) -> None:
