@@ -144,6 +144,7 @@ def measure(
     settings: Mapping[str, Any],
     cost_calls: RunCostCalls | None,
     repeats: int,
+    baseline_sampler: str = "t5x",
 ) -> tuple[dict[str, Any], dict[str, float] | None]:
     """The run's costs: (`loops.run_costs`' dict, or the step timer's; the loops' own work).
 
@@ -154,6 +155,7 @@ def measure(
       settings: {'temperature', 'topk', 'topp'}.
       cost_calls: the run's `RunCostCalls` (None: the step timer's stand-alone loops alone).
       repeats: timing repeats.
+      baseline_sampler: the baseline's draw (`decoding.SAMPLERS`), as the run's baseline draws.
 
     Returns:
       (costs with 'c', 'verify_cost_ratio', 'target_step_ms', ... and 'degenerate' (list of
@@ -174,6 +176,7 @@ def measure(
             sampling_keys,
             spec_model.eos_id,
             repeats,
+            baseline_sampler=baseline_sampler,
         )
         try:
             costs = loops.run_costs(*cost_calls.measured(), gamma, work, costs)
@@ -189,6 +192,7 @@ def measure(
                 sampling_keys,
                 costs,
                 repeats=max(3, repeats // 2),
+                baseline_sampler=baseline_sampler,
             )
     costs["degenerate"] = degenerate(costs, gamma)
     if costs["degenerate"]:

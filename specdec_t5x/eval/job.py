@@ -44,6 +44,11 @@ from specdec_t5x.timing import clock
 
 logger = logging.getLogger(__name__)
 
+# The baseline's draw (`decoding.SAMPLERS`): the speculative loop's own (one uniform per row,
+# inverse CDF), so that a T > 0 speed-up is speculation alone; T5X's Gumbel draw is timed beside it
+# ('baseline_t5x', `speedup_vs_t5x_sampler`). At T = 0 both are the argmax: one baseline.
+BASELINE_SAMPLER = "inverse_cdf"
+
 
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
@@ -83,6 +88,15 @@ def _add_auto_row(flat, runs, choices, headline: bool, quality_args) -> None:
         best_fixed_gamma=int(best),
         best_fixed_speedup=sweep[best]["speedup"],
         auto_over_best_fixed=row["speedup"] / sweep[best]["speedup"],
+        **(
+            {
+                "speedup_vs_t5x_sampler": float(
+                    np.sum(runs["baseline_t5x"].seconds) / np.sum(run.seconds)
+                )
+            }
+            if "baseline_t5x" in runs
+            else {}
+        ),
         # Paired bootstrap over examples (5th, 95th percentiles): the run-to-run spread.
         speedup_interval=auto_gamma.bootstrap_interval(base.seconds, run.seconds),
         auto_over_best_fixed_interval=auto_gamma.bootstrap_interval(
@@ -235,6 +249,7 @@ def evaluate(
                     settings,
                     fns["cost_calls"],
                     measure.cost_repeats,
+                    baseline_sampler=fns["baseline_model"].default_decoder_params["sampler"],
                 )
             interrupts.check()
             with phase("summary"):
@@ -284,6 +299,7 @@ def evaluate(
             max_decode_len=data.target_len,
             inputs=input_report,
             compilations_during_timing=compiles,
+            baseline_sampler=fns["baseline_model"].default_decoder_params["sampler"],
             cpu_weight_dtype=cpu_kernel.packed_weight_dtype(target_params),
         )
         flat.update(provenance.record(command or " ".join(sys.argv)))
@@ -347,14 +363,25 @@ def _exactness(
 def _decoders(spec_model, target_params, draft_params, settings, speculation, measure, costs_gamma):
     """The run's jitted decoders: {'base_fn', 'spec_fns' {γ: fn}, 'cost_calls' (or None),
     'auto' (an `auto_gamma.AutoGammaDecoder` or None), 'tp', 'dp' (the packed parameters)}."""
-    vocabulary = spec_model.output_vocabulary
-    baseline = models.EncoderDecoderModel(
-        spec_model.module, vocabulary, vocabulary, cpu_weight_dtype=spec_model.cpu_weight_dtype
-    )
-    base_fn = jax.jit(
-        lambda tp, b, rng: baseline.predict_batch_with_aux(tp, b, rng, decoder_params=settings)[0]
-    )
-    fns = {"base_fn": base_fn, "tp": target_params, "dp": draft_params, "auto": None}
+    fns = {"tp": target_params, "dp": draft_params, "auto": None}
+    baselines = {"baseline": "t5x"}  # T = 0: both draws are the argmax (T5X's path, bit for bit)
+    if not sampling_lib.is_greedy(settings["temperature"]):
+        baselines = {"baseline": BASELINE_SAMPLER, "baseline_t5x": "t5x"}  # T5X's beside it
+    for key, sampler in baselines.items():
+        model = models.EncoderDecoderModel(
+            spec_model.module,
+            spec_model.output_vocabulary,
+            spec_model.output_vocabulary,
+            cpu_weight_dtype=spec_model.cpu_weight_dtype,
+            sampler=sampler,
+        )
+        fns[key] = jax.jit(
+            lambda tp, b, rng, m=model: m.predict_batch_with_aux(
+                tp, b, rng, decoder_params=settings
+            )[0]
+        )
+        fns[f"{key}_model"] = model
+    baseline = fns["baseline_model"]
     fns["spec_fns"] = {
         g: costs.speculative_fn(spec_model, {**settings, "gamma": g})
         for g in speculation.fixed_gammas
@@ -383,8 +410,10 @@ def _warm_up(fns, first, rng0, interrupts) -> None:
     with phase(f"compile and warm up {1 + len(fns['spec_fns'])} decoders"):
         for enc in steps.warmup_sources(tp, first["encoder_input_tokens"]):
             warm = {**first, "encoder_input_tokens": enc}
-            jax.block_until_ready(fns["base_fn"](tp, warm, rng0))
-            interrupts.check()
+            for key in ("baseline", "baseline_t5x"):
+                if key in fns:
+                    jax.block_until_ready(fns[key](tp, warm, rng0))
+                    interrupts.check()
             for g, fn in fns["spec_fns"].items():
                 logger.info("compiled the baseline; compiling γ = %s", g)
                 jax.block_until_ready(fn(tp, dp, warm, rng0))
@@ -420,7 +449,8 @@ def _decode_all(
       during the timed calls (must be 0)).
     """
     tp, dp, cost_calls, auto = fns["tp"], fns["dp"], fns["cost_calls"], fns["auto"]
-    keys = ["baseline", *fns["spec_fns"], *(["auto"] if auto is not None else [])]
+    keys = ["baseline", *(["baseline_t5x"] if "baseline_t5x" in fns else [])]
+    keys += [*fns["spec_fns"], *(["auto"] if auto is not None else [])]
     runs = {key: summary.Run() for key in keys}
     keys += [] if cost_calls is None else list(cost_calls.fns)  # beside them, same order
     choices = []  # auto row: (γ chosen, its predicted speedup) per example
@@ -494,8 +524,8 @@ def _decode_all(
 def _decode_one(fns, key, batch, rng, compiles):
     """(tokens int32 [batch, len], seconds, stats or None, auto's (γ, predicted) or None)."""
     tp, dp = fns["tp"], fns["dp"]
-    if key == "baseline":
-        tokens, seconds = costs.timed(fns["base_fn"], tp, batch, rng, compiles=compiles)
+    if key in ("baseline", "baseline_t5x"):
+        tokens, seconds = costs.timed(fns[key], tp, batch, rng, compiles=compiles)
         return np.asarray(tokens), seconds, None, None
     if key == "auto":
         auto = fns["auto"]

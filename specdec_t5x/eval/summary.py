@@ -149,7 +149,8 @@ def summarise(
     """Metrics of the headline γ and the γ sweep from `Run` records and measured step costs.
 
     Args:
-      runs: {'baseline': Run, γ: Run for each γ in gammas}.
+      runs: {'baseline': Run, γ: Run for each γ in gammas}; at T > 0 also 'baseline_t5x' (T5X's
+        sampler; `speedup_vs_t5x_sampler` beside `speedup`, which is against the fair baseline).
       gammas: the γ values run; gamma: the headline one.
       costs: `benchmark.time_decoder_steps` result ('c', 'verify_cost_ratio', ...).
       examples, seqio_task, vocabulary, eos_id: for the quality metrics.
@@ -183,8 +184,14 @@ def summarise(
         )
         predicted["c_at_gamma"] = c
         spec_s = float(np.sum(run.seconds))
+        t5x_sampler = {}  # T > 0: the speed-up against T5X's Gumbel draw too
+        if "baseline_t5x" in runs:
+            t5x_sampler["speedup_vs_t5x_sampler"] = (
+                float(np.sum(runs["baseline_t5x"].seconds)) / spec_s
+            )
         sweep[g] = {
             "speedup": base_s / spec_s,
+            **t5x_sampler,
             "median_example_speedup": float(
                 np.median(np.asarray(base.seconds) / np.asarray(run.seconds))
             ),
@@ -214,6 +221,11 @@ def summarise(
         "measured_over_predicted": head["speedup"] / head["predicted_speedup_thm38"],
         "baseline_seconds": base_s,
         "baseline_tokens_per_s": base_tokens / base_s,
+        **(
+            {"baseline_t5x_seconds": float(np.sum(runs["baseline_t5x"].seconds))}
+            if "baseline_t5x" in runs
+            else {}
+        ),
         "quality": {
             "baseline": metrics.quality(seqio_task, vocabulary, examples, base.tokens, eos_id),
             "speculative": head["quality"],
@@ -236,12 +248,22 @@ GROUPS = {
         "draft",
         "inputs",
     ),
-    "decoding": ("gamma", "temperature", "topk", "topp", "sampling", "cpu_weight_dtype"),
+    "decoding": (
+        "gamma",
+        "temperature",
+        "topk",
+        "topp",
+        "sampling",
+        "baseline_sampler",
+        "cpu_weight_dtype",
+    ),
     "speed": (
         "speedup",
+        "speedup_vs_t5x_sampler",
         "median_example_speedup",
         "speedup_interval",
         "baseline_seconds",
+        "baseline_t5x_seconds",
         "speculative_seconds",
         "baseline_tokens_per_s",
         "speculative_tokens_per_s",

@@ -237,6 +237,7 @@ def zero_cost_decode(
     settings: Mapping[str, Any],
     eos_id: int,
     verification: str = "token",
+    baseline_sampler: str = "t5x",
 ):
     """A jitted zero-argument decode call with zero-cost models (`constant_step`), to time.
 
@@ -246,6 +247,7 @@ def zero_cost_decode(
       gamma: γ (speculative only); batch, vocab, max_decode_len: decode shapes;
       max_decode_steps: tokens to generate; settings: {'temperature', 'topk', 'topp'}; eos_id;
       verification: 'token' or 'block' (speculative only).
+      baseline_sampler: the baseline's draw (`decoding.SAMPLERS`; baseline only).
 
     Returns:
       () -> int32 [batch, max_decode_len] decodes (PRNG key fixed).
@@ -256,7 +258,9 @@ def zero_cost_decode(
     common = dict(max_decode_steps=max_decode_steps, **settings)
     if sampler is None:
         one_token = models.one_token_logits_fn(step)
-        fn = lambda r: decoding.temperature_sample(inputs, cache, one_token, eos_id, r, **common)
+        fn = lambda r: decoding.temperature_sample(
+            inputs, cache, one_token, eos_id, r, sampler=baseline_sampler, **common
+        )
     else:
         fn = lambda r: sampler(
             inputs,

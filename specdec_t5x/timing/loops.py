@@ -28,6 +28,7 @@ def loop_costs(
     *,
     repeats: int = 15,
     verification: str = "token",
+    baseline_sampler: str = "t5x",
 ) -> dict[str, Any]:
     """Theorem 3.8's step costs as the decode loops pay them: T(1), the verify call and c.
 
@@ -66,7 +67,8 @@ def loop_costs(
         {'temperature', 'topk', 'topp'}.
       step_timer: `step_costs`'s dict at this γ, for `c_alone` (its lone draft step over this
         T(1)) and `interference_ms`; None: those two are left out.
-      repeats: timed rounds; verification: 'token' or 'block'.
+      repeats: timed rounds; verification: 'token' or 'block'; baseline_sampler: the baseline's
+        draw (`decoding.SAMPLERS`).
 
     Returns:
       {'target_step_ms', 'verify_step_ms', 'iteration_ms', 'draft_step_ms' ((iteration - verify)
@@ -107,7 +109,7 @@ def loop_costs(
         def run(tp, e, tc, n):
             step = models.one_token_logits_fn(steps.make_block_step(module, tp, e))
             out = decoding.temperature_sample(
-                inputs, tc, step, eos, rng, max_decode_steps=n, **settings
+                inputs, tc, step, eos, rng, max_decode_steps=n, sampler=baseline_sampler, **settings
             )[0].reshape(batch, -1)
             hit = out == eos
             return jnp.max(jnp.where(hit.any(axis=1), jnp.argmax(hit, axis=1) + 1, n))

@@ -90,6 +90,7 @@ def measure_loop_ms(
     eos_id: int,
     repeats: int = 20,
     verification: str = "token",
+    baseline_sampler: str = "t5x",
 ) -> dict[str, float]:
     """The decode loops' own work (no model cost), per token / iteration and per call, in ms.
 
@@ -102,7 +103,8 @@ def measure_loop_ms(
     Args:
       batch, vocab, max_decode_len: the decode shapes; gamma: γ; settings: {'temperature',
         'topk', 'topp'}; eos_id: EOS id; repeats: interleaved rounds; verification: 'token' or
-        'block' (`speculative.speculative_sample`).
+        'block' (`speculative.speculative_sample`); baseline_sampler: the baseline's draw
+        (`decoding.SAMPLERS`: its sampling work is part of the loop's).
 
     Returns:
       {'baseline_per_token_ms', 'baseline_fixed_ms', 'speculative_per_iteration_ms',
@@ -110,7 +112,9 @@ def measure_loop_ms(
     """
     lengths = (max_decode_len, max(1, max_decode_len // 2))
     shapes = dict(batch=batch, vocab=vocab, max_decode_len=max_decode_len, eos_id=eos_id)
-    base = lambda n: clock.zero_cost_decode(None, max_decode_steps=n, settings=settings, **shapes)
+    base = lambda n: clock.zero_cost_decode(
+        None, max_decode_steps=n, settings=settings, baseline_sampler=baseline_sampler, **shapes
+    )
     spec = lambda n: clock.zero_cost_decode(
         speculative.speculative_sample,
         gamma,
