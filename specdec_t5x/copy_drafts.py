@@ -96,6 +96,18 @@ class AlignedCopyDraft(drafts.Draft):
         return jnp.where(has, n, 0).astype(jnp.int32)
 
     def make_step(self, params, encoder_input_tokens):
+        """The draft's `steps.BlockStep` for one batch of sources.
+
+        Args:
+          params: unused (the draft has no weights).
+          encoder_input_tokens: int32 [batch, src_len], zero-padded (EOS last).
+
+        Returns:
+          step(tokens int32 [batch, k], positions int32 [batch], cache) -> (logits float32
+          [batch, k, vocab]: 0 at the proposal and `sampling.NEG_INF` elsewhere, or all 0 where
+          there is none, cache). The cursor before the block is read at position positions - 1
+          (the source start at position 0); k cursor updates then run in order (`lax.scan`).
+        """
         del params
         src = encoder_input_tokens  # [b, S]
         batch, src_len = src.shape
