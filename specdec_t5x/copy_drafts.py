@@ -13,12 +13,14 @@ After each decoder input token t at position p, with cursor c before it:
    whose preceding tokens end with them, the longest match wins, then the nearest to c, then the
    one ahead of c; a one-token match must lie within `window` of c, a longer one anywhere.
    Found -> i + 1;
-3. else (t is new text, e.g. a substituted word) -> c + 1, at most the source's last token (EOS),
-   i.e. the draft assumes t replaced src[c].
+3. else (t is new text, e.g. a substituted word) the draft assumes t replaced src[c]: -> c + 1,
+   or, given which tokens start a word (`word_initial`, SentencePiece's "▁" pieces) and t starts
+   one, the next source token that starts a word (a misspelt word is often several tokens); at
+   most the source's last token (EOS).
 
 The proposal after position p is src[cursor_p]: a point mass (q one-hot), so speculative sampling
-stays exact at any temperature (paper §2.3: a token is accepted with probability p(x) / q(x) =
-p(x)). Where the cursor has no source token (an empty source) q is uniform.
+stays exact at any temperature (paper §2.3: the proposal x is accepted with probability
+min(1, p(x) / q(x)) = p(x), else the residual norm(max(0, p - q)) is p without x). Where the cursor has no source token (an empty source) q is uniform.
 
 Worked example (source "A B X D E </s>", target "A B C D E </s>", one substitution X -> C)::
 
@@ -55,13 +57,22 @@ class AlignedCopyDraft(drafts.Draft):
       prefix_ids: token ids of a task prefix (e.g. `prefix_token_ids('correct:')`): a row whose
         source starts with them starts copying after them, and they are never matched. Empty:
         copy from the first source token.
+      word_initial: None, or bool [vocab_size]: which tokens start a word
+        (`word_initial_mask`); then rule 3 skips the rest of the replaced source word. Held in
+        `params` (an array argument of the jitted loop).
 
     Raises:
-      ValueError: max_ngram < 1, window < 0, or a negative prefix id.
+      ValueError: max_ngram < 1, window < 0, a negative prefix id, or word_initial of another
+        length than vocab_size.
     """
 
     def __init__(
-        self, vocab_size: int, max_ngram: int = 3, window: int = 8, prefix_ids: Sequence[int] = ()
+        self,
+        vocab_size: int,
+        max_ngram: int = 3,
+        window: int = 8,
+        prefix_ids: Sequence[int] = (),
+        word_initial=None,
     ):
         if max_ngram < 1:
             raise ValueError(f"max_ngram must be >= 1; got {max_ngram}.")
@@ -74,7 +85,16 @@ class AlignedCopyDraft(drafts.Draft):
         self.max_ngram = max_ngram
         self.window = window
         self.prefix_ids = prefix_ids
-        self.params = {}
+        if word_initial is None:
+            self.params = {}
+        else:
+            word_initial = jnp.asarray(word_initial, bool).reshape(-1)
+            if word_initial.shape[0] != vocab_size:
+                raise ValueError(
+                    f"word_initial must be bool [vocab_size={vocab_size}]; got shape "
+                    f"{word_initial.shape}."
+                )
+            self.params = {"word_initial": word_initial}
 
     def init_cache(self, params, encoder_input_tokens, max_decode_len, encoded=None):
         """{"tokens", "cursor"}: int32 [batch, max_decode_len] each (decoder inputs and the cursor
@@ -99,7 +119,7 @@ class AlignedCopyDraft(drafts.Draft):
         """The draft's `steps.BlockStep` for one batch of sources.
 
         Args:
-          params: unused (the draft has no weights).
+          params: `self.params` ({} or {"word_initial": bool [vocab]}).
           encoder_input_tokens: int32 [batch, src_len], zero-padded (EOS last).
 
         Returns:
@@ -108,7 +128,6 @@ class AlignedCopyDraft(drafts.Draft):
           there is none, cache). The cursor before the block is read at position positions - 1
           (the source start at position 0); k cursor updates then run in order (`lax.scan`).
         """
-        del params
         src = encoder_input_tokens  # [b, S]
         batch, src_len = src.shape
         vocab, max_ngram, window = self.vocab_size, self.max_ngram, self.window
@@ -117,6 +136,12 @@ class AlignedCopyDraft(drafts.Draft):
         start = self.source_start(src)  # [b]
         copyable = (index >= start[:, None]) & (src > 0)  # [b, S]
         last = jnp.maximum(jnp.max(jnp.where(copyable, index, -1), axis=1), start)  # [b] (EOS)
+        word_initial = params.get("word_initial")
+        if word_initial is not None:  # the next source token that starts a word (or the last)
+            starts = (word_initial[src] & copyable) | (index == last[:, None])
+            first = jax.lax.cummin(jnp.where(starts, index, src_len)[:, ::-1], axis=1)[:, ::-1]
+            next_word = jnp.pad(first[:, 1:], ((0, 0), (0, 1)), constant_values=src_len)
+            next_word = jnp.minimum(next_word, last[:, None])
         # Copyable tokens; others are -3, which no decoder token (>= 0) nor context (-1) equals.
         marked = jnp.where(copyable, src, -3)
         # shifted[m][b, i] = marked[b, i - m] (-2 before the start): the m-th token back from i.
@@ -148,7 +173,12 @@ class AlignedCopyDraft(drafts.Draft):
             score = jnp.where(allowed, score, -1)
             best = jnp.argmax(score, axis=1)
             found = jnp.max(score, axis=1) >= 0
-            guess = jnp.minimum(jnp.maximum(cursor, start) + 1, last)  # t replaced src[cursor]
+            # t replaced src[cursor]: a word-initial t the rest of that source word too.
+            c = jnp.clip(jnp.maximum(cursor, start), 0, src_len - 1)
+            guess = jnp.minimum(jnp.maximum(cursor, start) + 1, last)
+            if word_initial is not None:
+                t_initial = word_initial[jnp.clip(token, 0, vocab - 1)]
+                guess = jnp.where(t_initial, next_word[rows, c], guess)
             new = jnp.where(in_sync, cursor + 1, jnp.where(found, best + 1, guess))
             return jnp.where(position == 0, start, new).astype(jnp.int32)
 
@@ -197,3 +227,32 @@ def prefix_token_ids(prefix: str, vocabulary=None) -> tuple[int, ...]:
 
         vocabulary = vocab.get_vocabulary()
     return tuple(int(t) for t in vocabulary.encode(prefix.strip()))
+
+
+def word_initial_mask(vocab_size: int, vocabulary=None):
+    """Which token ids start a word: SentencePiece pieces beginning with "▁" (U+2581).
+
+    Args:
+      vocab_size: the model's (padded) vocabulary size; ids beyond the SentencePiece model (extra
+        ids, padding) are False.
+      vocabulary: a `seqio.SentencePieceVocabulary`; None: the project's.
+
+    Returns:
+      numpy bool [vocab_size].
+
+    Raises:
+      ValueError: vocab_size smaller than the SentencePiece model.
+    """
+    import numpy as np
+
+    if vocabulary is None:
+        from specdec_t5x import vocab
+
+        vocabulary = vocab.get_vocabulary()
+    processor = vocabulary.tokenizer
+    pieces = processor.get_piece_size()
+    if vocab_size < pieces:
+        raise ValueError(f"vocab_size={vocab_size} is below the {pieces} SentencePiece pieces.")
+    mask = np.zeros((vocab_size,), bool)
+    mask[:pieces] = [processor.id_to_piece(i).startswith("\u2581") for i in range(pieces)]
+    return mask

@@ -13,7 +13,7 @@ from specdec_t5x import copy_drafts, drafts, models, speculative
 VOCAB = 32
 EOS = 1
 # Word-like token ids for the hand-made cases.
-A, B, C, D, E, X, THE, CAT, SAW, DOG, AND, BIRD = range(3, 15)
+A, B, C, D, E, X, THE, CAT, SAW, DOG, AND, BIRD, Z = range(3, 16)
 
 
 def proposals(draft, source, output, block=1):
@@ -60,6 +60,19 @@ def test_insertion_and_deletion_realign():
     assert proposals(aligned(window=0), far, [A, D, E]) == [A, B, C, EOS]
 
 
+def test_new_word_skips_the_rest_of_the_replaced_source_word():
+    # Source "A Bb1 b2 C </s>" (B misspelt into two tokens, b2 continues a word), target "A Z C":
+    # after Z (new, word-initial) the draft skips to C, the next word-starting source token.
+    word_initial = np.ones(VOCAB, bool)
+    word_initial[D] = False  # D plays b2
+    source, target = [A, B, D, C, EOS], [A, Z, C, EOS]
+    assert proposals(aligned(word_initial=word_initial), source, target)[:4] == [A, B, C, EOS]
+    assert proposals(aligned(), source, target)[:3] == [A, B, D]  # one token on without it
+    # A new token that continues a word moves one token on, as without the mask.
+    word_initial[Z] = False
+    assert proposals(aligned(word_initial=word_initial), source, target)[2] == D
+
+
 def test_repeated_words_follow_the_alignment_not_the_first_match():
     source = [THE, CAT, SAW, THE, DOG, AND, THE, BIRD, EOS]
     got = proposals(aligned(), source, source)
@@ -103,21 +116,32 @@ def test_uniform_without_a_source_and_bad_arguments():
         aligned(prefix_ids=(-1,))
     with pytest.raises(ValueError, match="prefix"):
         copy_drafts.prefix_token_ids("  ")
+    with pytest.raises(ValueError, match=r"word_initial must be bool \[vocab_size=32\]"):
+        aligned(word_initial=np.ones(31, bool))
 
 
-def test_prefix_token_ids_match_the_task_inputs():
+def test_vocabulary_helpers_prefix_ids_and_word_initial_mask():
     from specdec_t5x import tasks, vocab
 
     vocabulary = vocab.get_vocabulary()
     ids = copy_drafts.prefix_token_ids(tasks.CORRECT_PREFIX)
     assert ids and list(ids) == vocabulary.encode(tasks.CORRECT_PREFIX + "The cat sat.")[: len(ids)]
+    size = vocab.model_vocab_size(vocabulary)
+    mask = copy_drafts.word_initial_mask(size)
+    assert mask.shape == (size,) and mask.dtype == bool
+    tokens = vocabulary.encode("frobnicates widgets")
+    pieces = [vocabulary.tokenizer.id_to_piece(t) for t in tokens]
+    assert [bool(mask[t]) for t in tokens] == [p.startswith("\u2581") for p in pieces]
+    assert mask[tokens[0]] and not mask[vocabulary.eos_id] and not mask[size - 1]
+    with pytest.raises(ValueError, match="below"):
+        copy_drafts.word_initial_mask(100)
 
 
 # ---------------------------------------------------------------------------------------------
 # The rules, written plainly, against the jitted step under per-row block calls and rollback.
 
 
-def reference_cursors(source, fed, start, max_ngram, window):
+def reference_cursors(source, fed, start, max_ngram, window, word_initial=None):
     """Cursor after each decoder input in `fed` (fed[0] = start token), by the docstring's rules."""
     copyable = [i >= start and t > 0 for i, t in enumerate(source)]
     last = max([i for i in range(len(source)) if copyable[i]], default=start)
@@ -140,7 +164,17 @@ def reference_cursors(source, fed, start, max_ngram, window):
                 key = (m, -abs(i - c), i >= c)
                 if best is None or key > best[0]:
                     best = (key, i)
-            c = best[1] + 1 if best else min(max(c, start) + 1, last)
+            if best:
+                c = best[1] + 1
+            elif word_initial is not None and word_initial[t]:  # next word start after c
+                after = [
+                    j
+                    for j in range(max(c, start) + 1, last + 1)
+                    if j == last or (copyable[j] and word_initial[source[j]])
+                ]
+                c = min(after[0] if after else last, last)
+            else:
+                c = min(max(c, start) + 1, last)
         cursors.append(c)
     return cursors
 
@@ -153,7 +187,8 @@ def reference_proposal(source, cursor, start):
 def test_step_matches_the_rules_under_blocks_and_rollback():
     rng = np.random.RandomState(0)
     batch, src_len, out_len, prefix = 6, 12, 14, (30, 31)
-    draft = aligned(max_ngram=3, window=3, prefix_ids=prefix)
+    word_initial = rng.rand(VOCAB) < 0.6
+    draft = aligned(max_ngram=3, window=3, prefix_ids=prefix, word_initial=word_initial)
     sources, outputs = [], []
     for b in range(batch):
         n = rng.randint(2, src_len - 2)
@@ -189,7 +224,7 @@ def test_step_matches_the_rules_under_blocks_and_rollback():
                 got[b, n[b] + j] = np.argmax(row) if np.any(row != 0) else -2
             n[b] = min(n[b] + accept[b], out_len)
     for b in range(batch):
-        cursors = reference_cursors(sources[b], outputs[b][:out_len], starts[b], 3, 3)
+        cursors = reference_cursors(sources[b], outputs[b][:out_len], starts[b], 3, 3, word_initial)
         want = [reference_proposal(sources[b], c, starts[b]) for c in cursors]
         want = [-2 if w is None else w for w in want]
         np.testing.assert_array_equal(got[b, :out_len], want, err_msg=f"row {b}")
@@ -221,7 +256,8 @@ def t5_greedy(tiny_target):
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_argmax_identity_in_the_model(t5_greedy, gamma):
     module, params, batch, expected = t5_greedy
-    model = models.SpeculativeEncoderDecoderModel(module, aligned())
+    word_initial = np.random.RandomState(gamma).rand(VOCAB) < 0.5
+    model = models.SpeculativeEncoderDecoderModel(module, aligned(word_initial=word_initial))
     decodes, aux = jax.jit(
         lambda p, b: model.predict_batch_with_aux(
             p, b, decoder_params={"gamma": gamma, "temperature": 0.0}
