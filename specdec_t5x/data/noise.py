@@ -17,8 +17,8 @@ What one sentence gets (`NoiseConfig`):
   ========================  ==============================================================
   kind                      edit (words touched)
   ========================  ==============================================================
-  ``typo``                  one letter substituted (a keyboard neighbour), inserted or deleted
-                            inside an all-letter word of >= 3 letters (1)
+  ``typo``                  one letter (never the first) of an all-letter word of >= 3 letters
+                            substituted by a QWERTY neighbour, struck twice, or deleted (1)
   ``transposition``         two adjacent letters of such a word exchanged (1)
   ``drop_word``             a word removed (1)
   ``double_word``           a word written twice (1)
