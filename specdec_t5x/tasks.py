@@ -6,6 +6,11 @@ Importing this module registers
   "translate English to German: " + en, targets de; metric BLEU.
 * `debian_summarize`: Debian long description → synopsis; inputs "summarize: " + document,
   targets synopsis; metrics ROUGE-1/2/L/Lsum (`summary_rouge`).
+* `ddtp_correct_en`: text correction (a grammatical-error-correction analogue in the spirit of
+  C4_200M): inputs "correct: " + an English description sentence corrupted by the seeded noise
+  model (`specdec_t5x.data.noise`, applied when the corpus is built by
+  `specdec_t5x.data.correction`), targets the clean sentence; metrics exact match, chrF and BLEU
+  (`correction_scores`).
 * `wmt_t2t_ende_v003` and `cnn_dailymail_v002`: T5's WMT En→De and CNN/DailyMail tasks, as in
   `t5/data/tasks.py`, over TFDS (`wmt_t2t_translate/de-en:1.0.0`, `cnn_dailymail:3.4.0`; neither is
   downloadable from this project's machines, but the tasks work wherever TFDS has the data).
@@ -33,15 +38,24 @@ from specdec_t5x.data import corpora
 
 DDTP_TASK = corpora.DDTP
 SUMMARIZE_TASK = corpora.SUMMARIZE
+CORRECT_TASK = corpora.CORRECT
+CORRECT_PREFIX = "correct: "
 WMT_TASK = "wmt_t2t_ende_v003"
 CNN_DM_TASK = "cnn_dailymail_v002"
-TASK_NAMES = (DDTP_TASK, SUMMARIZE_TASK, WMT_TASK, CNN_DM_TASK)  # what this project registers
+TASK_NAMES = (
+    DDTP_TASK,
+    SUMMARIZE_TASK,
+    CORRECT_TASK,
+    WMT_TASK,
+    CNN_DM_TASK,
+)  # what this project registers
 T5_VOCAB_ENV = "SPECDEC_T5_VOCAB"
 T5_PUBLIC_VOCAB = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 # The string fields of each corpus' JSONL rows (see `specdec_t5x.data.corpora`).
 CORPUS_FIELDS = {
     corpora.DDTP: ("en", "de", "kind", "package", "source"),
     corpora.SUMMARIZE: ("document", "synopsis", "package", "source"),
+    corpora.CORRECT: ("en", "corrupted", "edits", "package", "source"),
 }
 # English names of languages, as T5 takes them from babel.
 _LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "ro": "Romanian"}
@@ -92,6 +106,23 @@ def summarize(x: dict, article_key: str, summary_key: str) -> dict:
     }
 
 
+@seqio.map_over_dataset
+def correct(x: dict, input_key: str = "corrupted", target_key: str = "en") -> dict:
+    """Text correction: `CORRECT_PREFIX` + x[input_key] → x[target_key].
+
+    Args:
+      x: an example with string features `input_key` (the corrupted sentence) and `target_key`
+        (the clean one).
+
+    Returns:
+      {"inputs": tf.string scalar, "targets": tf.string scalar}.
+    """
+    return {
+        "inputs": tf.strings.join([CORRECT_PREFIX, x[input_key]]),
+        "targets": x[target_key],
+    }
+
+
 def read_corpus(
     corpus: str, split: str, shuffle_files: bool, seed: int | None = None
 ) -> tf.data.Dataset:
@@ -101,7 +132,7 @@ def read_corpus(
     `shuffle_files` the whole split is shuffled (it fits in memory), not only a window of it.
 
     Args:
-      corpus: `corpora.DDTP` or `corpora.SUMMARIZE`.
+      corpus: `corpora.DDTP`, `corpora.SUMMARIZE` or `corpora.CORRECT`.
       split: "train", "validation" or "test".
       shuffle_files: whether to shuffle the rows (reshuffled every epoch).
       seed: shuffle seed; None for a random one.
@@ -149,6 +180,26 @@ def summary_rouge(targets: list[str], predictions: list[str]) -> dict[str, float
     return metrics.rouge_mean(targets, predictions, score_keys=SUMMARY_ROUGE_KEYS)
 
 
+def correction_scores(targets: list[str], predictions: list[str]) -> dict[str, float]:
+    """`ddtp_correct_en`'s metrics: exact match (% of predictions equal to their reference),
+    corpus chrF (sacreBLEU defaults: character 6-grams, β = 2) and BLEU (`metrics.bleu`), 0-100.
+
+    Raises:
+      ValueError: targets and predictions differ in length.
+    """
+    import sacrebleu  # lazy, as in `metrics`
+
+    if len(targets) != len(predictions):
+        raise ValueError(f"{len(targets)} targets but {len(predictions)} predictions")
+    exact = sum(t == p for t, p in zip(targets, predictions, strict=True))
+    chrf = sacrebleu.corpus_chrf(list(predictions), [list(targets)]).score
+    return {
+        "exact_match": 100.0 * exact / max(len(targets), 1),
+        "chrf": chrf,
+        **metrics.bleu(targets, predictions),
+    }
+
+
 def _add_task(name: str, source, preprocess, output_features, metric_fn) -> seqio.Task:
     """Registers (or re-registers, on re-import or reload) a text-to-text task: `preprocess` maps
     raw examples to {'inputs', 'targets'} text, then tokenization and EOS as in T5's tasks."""
@@ -176,11 +227,13 @@ def _corpus_source(corpus: str) -> seqio.FunctionDataSource:
 
 
 def register_debian_tasks(vocabulary: seqio.Vocabulary | None = None) -> None:
-    """Registers `ddtp_ende` and `debian_summarize` (project vocabulary when None)."""
+    """Registers `ddtp_ende`, `debian_summarize` and `ddtp_correct_en` (project vocabulary when
+    None)."""
     features = output_features(vocabulary or vocab.get_vocabulary())
     _add_task(DDTP_TASK, _corpus_source(corpora.DDTP), _EN_DE, features, metrics.bleu)
     synopsis = functools.partial(summarize, article_key="document", summary_key="synopsis")
     _add_task(SUMMARIZE_TASK, _corpus_source(corpora.SUMMARIZE), synopsis, features, summary_rouge)
+    _add_task(CORRECT_TASK, _corpus_source(corpora.CORRECT), correct, features, correction_scores)
 
 
 def t5_vocabulary() -> seqio.Vocabulary:

@@ -1,4 +1,4 @@
-"""Builds the two Debian corpora: DDTP En→De pairs and description→synopsis pairs.
+"""Builds the Debian corpora: DDTP En→De pairs, description→synopsis pairs, correction pairs.
 
 Both come from Debian's own archive index for **bookworm** `main` (`apt.fetch_indexes`, with the
 machine's apt and its configured mirror); `debian` turns the index text into rows; this module
@@ -9,6 +9,8 @@ splits them (`corpora.split_of`) and writes, under the data directory (`$SPECDEC
     debian_summarize/{train,validation,test}.jsonl  {"document", "synopsis", "package", "source"}
     index/{Packages,Translation-en,Translation-de,InRelease}   the fetched index files
     manifest.json                                   checksums, row counts, length statistics, date
+    ddtp_correct_en/...                             the text-correction corpus and its own
+                                                    manifest (`specdec_t5x.data.correction`)
 
 A second run with `manifest.json` present is a no-op.
 
@@ -133,6 +135,7 @@ def build_corpora(data_dir: str | os.PathLike | None = None, force: bool = False
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         if _is_complete(manifest, data_dir):
             logger.info("Corpora already built in %s (use --force to rebuild).", data_dir)
+            _build_correction(data_dir, force=False)
             return manifest
         logger.info("Manifest in %s is outdated or incomplete: rebuilding.", data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -205,7 +208,16 @@ def build_corpora(data_dir: str | os.PathLike | None = None, force: bool = False
     tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     tmp.replace(manifest_path)
     logger.info("Wrote %s", manifest_path)
+    _build_correction(data_dir, force=True)  # a new index: its sentences again
     return manifest
+
+
+def _build_correction(data_dir: pathlib.Path, force: bool) -> None:
+    """Builds the text-correction corpus from the fetched index (`correction`; imported here:
+    it imports this module)."""
+    from specdec_t5x.data import correction
+
+    correction.build_correction_corpus(data_dir, force=force)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,9 +1,11 @@
-"""The two Debian corpora: names, splits and where they live (no Debian or apt code here).
+"""The Debian corpora: names, splits and where they live (no Debian or apt code here).
 
-`specdec_t5x.data.build` writes them, `specdec_t5x.tasks` reads them (without importing the build):
+`specdec_t5x.data.build` (and `specdec_t5x.data.correction`) write them, `specdec_t5x.tasks` reads
+them (without importing the build):
 
     <data_dir>/ddtp_ende/{train,validation,test}.jsonl         {"en", "de", "kind", "package", "source"}
     <data_dir>/debian_summarize/{train,validation,test}.jsonl  {"document", "synopsis", "package", "source"}
+    <data_dir>/ddtp_correct_en/{train,validation,test}.jsonl   {"en", "corrupted", "edits", "package", "source"}
 
 Splits are by a stable hash of the *source* package, so binary families that share text never
 straddle two splits.
@@ -15,6 +17,7 @@ import pathlib
 
 DDTP = "ddtp_ende"
 SUMMARIZE = "debian_summarize"
+CORRECT = "ddtp_correct_en"
 SPLITS = ("train", "validation", "test")
 SPLIT_BOUNDS = (90, 95, 100)  # Cumulative percent of the source-package hash for each split.
 SPLIT_RULE = "b = int.from_bytes(sha256(source)[:8], 'big') % 100: train b < 90, validation b < 95"
