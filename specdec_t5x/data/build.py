@@ -46,7 +46,8 @@ REFERENCE_SHA256 = {
 }
 
 
-def _sha256(path: pathlib.Path) -> str:
+def sha256(path: pathlib.Path) -> str:
+    """Hex SHA-256 of the file at `path` (read in 1 MiB blocks)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -63,7 +64,7 @@ def _write_jsonl(path: pathlib.Path, rows: Iterable[Mapping[str, str]]) -> None:
     tmp.replace(path)
 
 
-def _write_corpus(
+def write_corpus(
     data_dir: pathlib.Path, name: str, rows: Sequence[Mapping[str, str]], fields: Sequence[str]
 ) -> dict:
     """Splits rows by source package, writes `name/{split}.jsonl`, returns the manifest entry."""
@@ -146,7 +147,7 @@ def build_corpora(data_dir: str | os.PathLike | None = None, force: bool = False
     checksums = {
         name: {
             "file": str(p.relative_to(data_dir)),
-            "sha256": _sha256(p),
+            "sha256": sha256(p),
             "bytes": p.stat().st_size,
         }
         for name, p in paths.items()
@@ -195,8 +196,8 @@ def build_corpora(data_dir: str | os.PathLike | None = None, force: bool = False
             "max_documents_per_source": debian.MAX_DOCUMENTS_PER_SOURCE,
         },
         "corpora": {
-            corpora.DDTP: _write_corpus(data_dir, corpora.DDTP, ddtp, ("en", "de")),
-            corpora.SUMMARIZE: _write_corpus(
+            corpora.DDTP: write_corpus(data_dir, corpora.DDTP, ddtp, ("en", "de")),
+            corpora.SUMMARIZE: write_corpus(
                 data_dir, corpora.SUMMARIZE, summaries, ("document", "synopsis")
             ),
         },

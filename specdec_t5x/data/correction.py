@@ -174,7 +174,7 @@ def build_correction_corpus(
             f"{missing} not found: fetch Debian's index with `python -m specdec_t5x.data.build` "
             "(or point SPECDEC_DATA_DIR at a built data directory)."
         )
-    checksum = build._sha256(index["Translation-en"])
+    checksum = build.sha256(index["Translation-en"])
     corpus_dir = data_dir / corpora.CORRECT
     manifest_path = corpus_dir / "manifest.json"
     if manifest_path.exists() and not force:
@@ -208,7 +208,7 @@ def build_correction_corpus(
         "split_rule": corpora.SPLIT_RULE + ", else test",
         "parameters": _parameters(config),
         "counts": dict(sorted(counts.items())),
-        **build._write_corpus(data_dir, corpora.CORRECT, rows, ("en", "corrupted")),
+        **build.write_corpus(data_dir, corpora.CORRECT, rows, ("en", "corrupted")),
     }
     for split, entry in manifest["splits"].items():
         entry["noise"] = noise.summarize(
