@@ -24,7 +24,7 @@ def loop_costs(
     max_decode_len: int,
     gamma: int,
     settings: Mapping[str, Any],
-    step_timer: Mapping[str, Any] | None = None,
+    timer_costs: Mapping[str, Any] | None = None,
     *,
     repeats: int = 15,
     verification: str = "token",
@@ -65,7 +65,7 @@ def loop_costs(
         packed; encoder_input_tokens: int32 [batch, enc_len], or a sequence of such arrays of
         one shape (pooled); max_decode_len: L (tokens); gamma: γ >= 1; settings:
         {'temperature', 'topk', 'topp'}.
-      step_timer: `step_costs`'s dict at this γ, for `c_alone` (its lone draft step over this
+      timer_costs: `step_timer.step_costs`'s dict at this γ, for `c_alone` (its lone draft step over this
         T(1)) and `interference_ms`; None: those two are left out.
       repeats: timed rounds; verification: 'token' or 'block'; baseline_sampler: the baseline's
         draw (`decoding.SAMPLERS`).
@@ -245,11 +245,11 @@ def loop_costs(
         "timing_eos_id": timing_eos,
         "repeats": repeats,
     }
-    if step_timer is not None:
-        lone = step_timer["draft_step_ms"]
+    if timer_costs is not None:
+        lone = timer_costs["draft_step_ms"]
         out["c_alone"] = lone / out["target_step_ms"]
         out["interference_ms"] = gamma * out["draft_step_ms"] - gamma * lone
-        out["step_timer"] = dict(step_timer)
+        out["step_timer"] = dict(timer_costs)
     return out
 
 
@@ -282,7 +282,7 @@ def run_costs(
     units: Mapping[tuple[str, str], Sequence[int]],
     gamma: int,
     loop_work_ms: Mapping[str, float],
-    step_timer: Mapping[str, Any] | None = None,
+    timer_costs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Theorem 3.8's step costs from the run's own decode calls: T(1), the verify call and c.
 
@@ -310,7 +310,7 @@ def run_costs(
       gamma: γ of the speculative calls (>= 1).
       loop_work_ms: `measure_loop_ms`'s dict (its 'baseline_per_token_ms' and
         'speculative_per_iteration_ms').
-      step_timer: `step_costs`'s dict at this γ, for `c_alone` and `interference_ms`; None: left
+      timer_costs: `step_timer.step_costs`'s dict at this γ, for `c_alone` and `interference_ms`; None: left
         out.
 
     Returns:
@@ -410,10 +410,10 @@ def run_costs(
         },
         "source": "run",
     }
-    if step_timer is not None:
-        out["step_timer"] = dict(step_timer)
-        if "draft_step_ms" in step_timer:
-            lone = step_timer["draft_step_ms"]
+    if timer_costs is not None:
+        out["step_timer"] = dict(timer_costs)
+        if "draft_step_ms" in timer_costs:
+            lone = timer_costs["draft_step_ms"]
             out["c_alone"] = lone / t1
             out["interference_ms"] = iteration - verify - gamma * lone
     return out
