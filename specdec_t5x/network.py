@@ -504,10 +504,19 @@ def _t5x_cache_read(x: Array) -> Array:
     before `dot_product_attention`'s einsums, so XLA contracts each head against that layout. Ours
     is stored `[b, h, l, d]` (what the CPU kernel's fused attention and XLA:CPU's heads-first dots
     read without a copy); contracted as it lies, XLA picks other dot kernels whose float32 sums
-    run in another order (logits ~1e-6 off T5X's, `tests/test_t5x_cached_golden.py`). So the raw
-    parameter path materialises T5X's layout first; the optimisation barrier keeps XLA from
-    folding the transpose back into the dot. Costs one copy of each cached K and V per call (as T5X
-    on CPU copies its own); the packed CPU path does not use it.
+    run in another order (cached logits up to ~2e-6 off T5X's, `tests/test_t5x_cached_golden.py`).
+    So the raw-parameter path materialises T5X's layout first; the optimisation barrier keeps XLA
+    from folding the transpose back into the dot (without it the logits stay off T5X's). Costs one
+    copy of each cached K and V per layer and call on that path, as the length-major layout did
+    before the cache went heads first (T5X's own self-attention cache needs none); the packed CPU
+    path does not use it.
+
+    Args:
+      x: dtype [batch, heads, length, head_dim], a cached K or V.
+
+    Returns:
+      dtype [batch, length, heads, head_dim], moved from a materialised
+      [batch, heads, head_dim, length] array as T5X moves its cache.
     """
     x = jax.lax.optimization_barrier(jnp.swapaxes(x, 2, 3))  # [b, h, l, d] -> [b, h, d, l]
     return jnp.moveaxis(x, -1, -3)  # [b, h, d, l] -> [b, l, h, d]

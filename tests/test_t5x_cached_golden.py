@@ -17,7 +17,10 @@ another order, ~2e-6 off T5X's); these compare every step's logits bitwise. XLA:
 bfloat16 dots' operand conversion into a copy laid out for the dot, so on CPU only float32 sees the
 cache layout: the float32 comparison is bitwise against T5X run on a machine with this
 `conftest.machine_fingerprint()` (XLA:CPU picks float32 dot kernels by CPU; skipped elsewhere, and
-the generator's `--add_machine` records one) and to 1e-5 everywhere.
+the generator's `--add_machine` records one) and to 1e-5 everywhere. On every machine and backend,
+`test_cached_attention_reads_the_cache_as_t5x_does` checks one cached attention call bitwise
+against T5X's dataflow from T5X's own cache layout (both failed, float32, with the cache contracted
+as it lies).
 """
 
 import json

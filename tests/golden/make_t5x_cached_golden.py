@@ -152,7 +152,7 @@ def main():
         }
     arrays[f"f32_step_logits_{fingerprint}"] = logits["f32"]
     out_meta["f32_step_logits"][fingerprint] = machine
-    np.savez(npz, **arrays)
+    np.savez_compressed(npz, **arrays)
     meta_path.write_text(json.dumps(out_meta, indent=1) + "\n")
     print(f"wrote {npz} and {meta_path} (float32 for machine {fingerprint}: {machine})")
 
