@@ -21,7 +21,9 @@ What differs from T5X, on purpose, in `decode=True` mode (speculative decoding n
 
 Numerics follow T5X's dtypes step by step (activations in `dtype`, parameters float32, layer norm
 statistics in float32, attention logits/bias/softmax in `dtype` unless `float32_attention_logits`),
-so in bfloat16 too the logits are T5X's bit for bit (on the same backend and kernels).
+so in bfloat16 too the logits are T5X's bit for bit (on the same backend and kernels), teacher-forced
+and through the decode cache. Activations are float32 or bfloat16 (`check_activation_dtype`:
+float16 overflows T5X's -1e10 attention mask to -inf and is refused).
 
 Cache layout per decoder layer (collection ``'cache'``)::
 
@@ -31,10 +33,14 @@ Cache layout per decoder layer (collection ``'cache'``)::
   decoder/layers_{i}/encoder_decoder_attention/cached_value  dtype [batch, heads, enc_len, head_dim]
   decoder/cache_index                                     int32 [] (T5X-convention calls only)
 
-Heads before length: the layout XLA's batched attention dots take ((batch, heads) leading), so a
-cached step reads K and V where they lie. Stored length-major, XLA:CPU copied every layer's cached
-K and V into that layout on every step (12 % of the embedded target's step at 64 source tokens,
-15 % at 256; `results/verify_cost/`); the dots themselves are unchanged.
+Heads before length: the layout the CPU kernel's fused attention and XLA:CPU's heads-first dots
+read where it lies on the packed-parameter path (`cpu_kernel.pack_params`, the CPU inference
+default). Stored length-major, XLA:CPU copied every layer's cached K and V on every step (12 % of
+the embedded target's step at 64 source tokens, 15 % at 256; `results/verify_cost/cache_layout/`).
+With raw parameters (`SPECDEC_CPU_KERNEL=0`, accelerators), the path that claims T5X's numerics,
+each call reads the cache as T5X reads its own ([batch, heads, head_dim, length], `_t5x_cache_read`):
+contracted as it lies, XLA picks other float32 dot kernels and the cached logits drift ~2e-6 from
+T5X's (`tests/test_t5x_cached_golden.py` compares them bitwise); that path pays the per-step copy.
 
 Every other cache leaf carries the batch axis first, so T5X-style `num_decodes` expansion (which
 skips leaves named `cache_index`) works unchanged.
@@ -143,6 +149,43 @@ class T5Config:
             )
         if not self.mlp_activations:
             raise ValueError("T5Config.mlp_activations must name at least one activation.")
+        check_activation_dtype(self.dtype)
+
+
+ACTIVATION_DTYPES = ("float32", "bfloat16")  # what `T5Config.dtype` accepts
+
+
+def check_activation_dtype(dtype: DType) -> None:
+    """Raises ValueError unless `dtype` names float32 or bfloat16 (`ACTIVATION_DTYPES`).
+
+    float16 is refused: T5X's additive attention mask value (`NEG_INF` = -1e10, cast to the
+    activation dtype as T5X casts it) overflows float16 to -inf, so a query row whose keys are all
+    masked (every padding position of the encoder) gets softmax(-inf, ..., -inf) = NaN, which then
+    reaches every output through the cross-attention (0 x NaN). T5X's own network does the same
+    (every logit NaN on the padded inputs of `tests/golden/t5x_network.npz`). float64 activations
+    would need `jax_enable_x64` and were never checked against T5X.
+
+    Args:
+      dtype: the activation dtype, as a dtype, a scalar type or its name (`'bfloat16'` in gin).
+
+    Raises:
+      ValueError: naming `dtype` and the accepted ones.
+    """
+    try:
+        name = jnp.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name in ACTIVATION_DTYPES:
+        return
+    why = (
+        ": T5X's attention mask value -1e10 overflows float16 to -inf and padded rows turn into NaN"
+        if name == "float16"
+        else ""
+    )
+    raise ValueError(
+        f"T5Config.dtype must be one of {ACTIVATION_DTYPES} (activations; parameters stay "
+        f"float32); got {dtype!r}{why}."
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -347,18 +390,23 @@ class MultiHeadAttention(nn.Module):
 
         query = project("query", q_inputs, _query_init(head_dim))  # [b, q, h, d]
         heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [b, l, h, d] <-> [b, h, l, d]
+        # Packed parameters mark the CPU kernel's inference path (`cpu_kernel.pack_params`).
+        packed = cpu_kernel.PACKED_NAME in self.variables.get("params", {}).get("query", {})
+        kv = "bkhd"  # the layout of `key` / `value` below: [b, k, h, d] or, cached, "bhkd"
         if cache_mode == "cross" and kv_inputs is None:
             # Read the K/V projected when the cache was created (our block steps pass no encoder
             # output), stored heads first.
             key = self.variable("cache", "cached_key").value  # [b, h, k, d]
             value = self.variable("cache", "cached_value").value
+            kv = "bhkd"
         elif cache_mode == "cross":
             # Given the encoder output (T5X's step convention), project it as T5X does; the cache
             # keeps the projection made when it was created.
-            key = heads_first(project("key", kv_inputs))  # [b, h, k, d]
-            value = heads_first(project("value", kv_inputs))
-            self.variable("cache", "cached_key", lambda: key)
-            self.variable("cache", "cached_value", lambda: value)
+            key, value = project("key", kv_inputs), project("value", kv_inputs)  # [b, k, h, d]
+            self.variable("cache", "cached_key", lambda: heads_first(key))  # [b, h, k, d]
+            self.variable("cache", "cached_value", lambda: heads_first(value))
+            if packed:
+                key, value, kv = heads_first(key), heads_first(value), "bhkd"
         else:
             key = project("key", kv_inputs)  # [b, k, h, d]
             value = project("value", kv_inputs)
@@ -377,25 +425,28 @@ class MultiHeadAttention(nn.Module):
                 cached_key.value = cached_key.value.at[at].set(heads_first(key), mode="drop")
                 cached_value.value = cached_value.value.at[at].set(heads_first(value), mode="drop")
                 key, value = cached_key.value, cached_value.value  # [b, h, max_len, d]
+                kv = "bhkd"
                 key_positions = jnp.arange(max_len, dtype=jnp.int32)
                 # Causal by position: query at t sees cache slots <= t only.
                 mask = (key_positions[None, None, :] <= query_positions[:, :, None])[:, None]
-            else:
-                key, value = heads_first(key), heads_first(value)
-        kv = "bhkd" if cache_mode in ("self", "cross") else "bkhd"  # cached: heads first
+            elif packed:
+                key, value, kv = heads_first(key), heads_first(value), "bhkd"
+        if kv == "bhkd" and not packed:
+            # Raw parameters (`SPECDEC_CPU_KERNEL=0`, accelerators): read the cache as T5X reads
+            # its own, so the dots below sum in T5X's order, bit for bit (see `_t5x_cache_read`).
+            key, value, kv = _t5x_cache_read(key), _t5x_cache_read(value), "bkhd"
 
         # T5X's dtypes (layers.py::dot_product_attention): q.k, the additive bias (mask bias
         # NEG_INF/0 in `dtype` plus the relative-position bias) and the softmax all run in the
         # activation dtype, or in float32 when `float32_attention_logits`.
         if cfg.float32_attention_logits:
             query, key = query.astype(jnp.float32), key.astype(jnp.float32)
-        # With packed weights (the CPU kernel's inference path, `cpu_kernel.pack_params`) the
-        # cached attention is one fused kernel call on CPU (float32, no dropout), or with
-        # SPECDEC_CPU_ATTENTION=0 contracts heads-first queries: XLA:CPU's batched dot is faster
-        # for [b, h, q, d] than for [b, q, h, d] operands (results/verify_cost/). Other platforms,
-        # and raw (unpacked) parameters, keep T5X's contraction (its summation order, bit for bit).
-        packed = cpu_kernel.PACKED_NAME in self.variables.get("params", {}).get("query", {})
-        heads_first_dots = packed and kv == "bhkd"
+        # With packed weights the cached attention is one fused kernel call on CPU (float32, no
+        # dropout), or with SPECDEC_CPU_ATTENTION=0 contracts heads-first queries: XLA:CPU's
+        # batched dot is faster for [b, h, q, d] than for [b, q, h, d] operands
+        # (results/verify_cost/). Other platforms, and raw (unpacked) parameters, keep T5X's
+        # contraction (its summation order, bit for bit).
+        heads_first_dots = kv == "bhkd"  # only with packed parameters (above)
         if mask is not None:
             mask_bias = jax.lax.select(
                 mask,
@@ -423,10 +474,10 @@ class MultiHeadAttention(nn.Module):
                 query,
                 key,
                 cpu=lambda q, k: jnp.einsum("bhqd,bhkd->bhqk", heads_first(q), k),
-                default=lambda q, k: jnp.einsum(f"bqhd,{kv}->bhqk", q, k),
+                default=lambda q, k: jnp.einsum("bqhd,bkhd->bhqk", q, _t5x_cache_read(k)),
             )
         else:
-            logits = jnp.einsum(f"bqhd,{kv}->bhqk", query, key)  # [b, h, q, k]
+            logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [b, h, q, k]
         if bias is not None:
             logits = logits + bias.astype(logits.dtype)
         weights = jax.nn.softmax(logits).astype(cfg.dtype)  # [b, h, q, k]
@@ -437,12 +488,38 @@ class MultiHeadAttention(nn.Module):
                 weights,
                 value,
                 cpu=lambda w, v: heads_first(jnp.einsum("bhqk,bhkd->bhqd", w, v)),
-                default=lambda w, v: jnp.einsum(f"bhqk,{kv}->bqhd", w, v),
+                default=lambda w, v: jnp.einsum("bhqk,bkhd->bqhd", w, _t5x_cache_read(v)),
             )
         else:
-            out = jnp.einsum(f"bhqk,{kv}->bqhd", weights, value)  # [b, q, h, d]
+            out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [b, q, h, d]
         out = out.reshape(batch, q_len, features)  # [b, q, h, d] -> [b, q, h*d]
         return Dense(cfg.emb_dim, cfg.dtype, name="out")(out)
+
+
+def _t5x_cache_read(x: Array) -> Array:
+    """A heads-first cache `dtype [b, h, l, d]` as T5X's attention reads its own: `[b, l, h, d]`.
+
+    T5X stores decoder caches `[batch, heads, head_dim, length]` (`layers.py::
+    MultiHeadDotProductAttention`, "as a TPU fusion optimization") and moves the length axis back
+    before `dot_product_attention`'s einsums, so XLA contracts each head against that layout. Ours
+    is stored `[b, h, l, d]` (what the CPU kernel's fused attention and XLA:CPU's heads-first dots
+    read without a copy); contracted as it lies, XLA picks other dot kernels whose float32 sums
+    run in another order (cached logits up to ~2e-6 off T5X's, `tests/test_t5x_cached_golden.py`).
+    So the raw-parameter path materialises T5X's layout first; the optimisation barrier keeps XLA
+    from folding the transpose back into the dot (without it the logits stay off T5X's). Costs one
+    copy of each cached K and V per layer and call on that path, as the length-major layout did
+    before the cache went heads first (T5X's own self-attention cache needs none); the packed CPU
+    path does not use it.
+
+    Args:
+      x: dtype [batch, heads, length, head_dim], a cached K or V.
+
+    Returns:
+      dtype [batch, length, heads, head_dim], moved from a materialised
+      [batch, heads, head_dim, length] array as T5X moves its cache.
+    """
+    x = jax.lax.optimization_barrier(jnp.swapaxes(x, 2, 3))  # [b, h, l, d] -> [b, h, d, l]
+    return jnp.moveaxis(x, -1, -3)  # [b, h, d, l] -> [b, l, h, d]
 
 
 class EncoderLayer(nn.Module):
