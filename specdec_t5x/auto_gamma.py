@@ -51,6 +51,8 @@ class AutoGammaDecoder:
         the curve per γ (`cost_curve.calibrated`); 0: the composed curve alone.
       curve: a `CostCurve` to use instead of measuring one on the first batch (not calibrated).
       config: the controller's tuning knobs (`gamma_controller.GammaConfig`; None: defaults).
+      baseline_sampler: the γ = 0 decoder's draw (`decoding.SAMPLERS`; the eval job passes its
+        fair baseline's at T > 0).
 
     Raises:
       ValueError: gamma_max < 1 or calibration_rounds < 0 (or not ints).
@@ -74,6 +76,7 @@ class AutoGammaDecoder:
         calibration_rounds: int = 4,
         curve: cost_curve.CostCurve | None = None,
         config: gamma_controller.GammaConfig | None = None,
+        baseline_sampler: str = "t5x",
     ):
         if not isinstance(gamma_max, int) or gamma_max < 1:
             raise ValueError(f"gamma_max must be an int >= 1; got gamma_max={gamma_max!r}.")
@@ -90,8 +93,11 @@ class AutoGammaDecoder:
         self.controller = None if curve is None else self._controller(curve)
         self._fns: dict[int, Any] = {}
         self._compiled: set[tuple] = set()
+        self.baseline_sampler = baseline_sampler
         self._baseline = models.EncoderDecoderModel(
-            spec_model.module, cpu_weight_dtype=getattr(spec_model, "cpu_weight_dtype", "float32")
+            spec_model.module,
+            cpu_weight_dtype=getattr(spec_model, "cpu_weight_dtype", "float32"),
+            sampler=baseline_sampler,
         )
 
     def _controller(self, curve: cost_curve.CostCurve) -> gamma_controller.GammaController:
@@ -137,6 +143,7 @@ class AutoGammaDecoder:
                 self.settings,
                 self.verification,
                 self.cost_repeats,
+                baseline_sampler=self.baseline_sampler,
             )
             calls = self._calibration_calls(batch) if self.calibration_rounds else {}
             if calls:

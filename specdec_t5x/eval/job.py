@@ -36,7 +36,7 @@ import jax
 import numpy as np
 import tqdm
 
-from specdec_t5x import auto_gamma, cpu_kernel, metrics, models, multihost, provenance, steps
+from specdec_t5x import auto_gamma, cpu_kernel, models, multihost, provenance, steps
 from specdec_t5x import inputs as inputs_lib
 from specdec_t5x import sampling as sampling_lib
 from specdec_t5x.eval import checks, config, costs, diagnostics, outputs, summary, tables
@@ -63,81 +63,6 @@ def _pack_draft(draft, draft_params):
     """Draft parameters packed for the CPU kernel when the draft is a T5 network (else as given)."""
     pack = getattr(draft, "pack_params", None)
     return draft_params if pack is None else pack(draft_params)
-
-
-def _add_auto_row(flat, runs, choices, headline: bool, quality_args) -> None:
-    """Adds the auto-γ row as `flat['auto']`; an auto headline also replaces the headline fields.
-
-    The row (`auto_gamma.summarise_auto`) has the γ chosen per example (0 = off), the mean
-    prediction of those choices, the measured speed, and the best fixed γ of the same run's sweep.
-    """
-    base, run = runs["baseline"], runs["auto"]
-    row = auto_gamma.summarise_auto(
-        base.seconds,
-        run.seconds,
-        run.stats,
-        [g for g, _ in choices],
-        [p for _, p in choices],
-        identical=float(
-            np.mean([np.array_equal(a, b) for a, b in zip(base.tokens, run.tokens, strict=True)])
-        ),
-    )
-    sweep = flat["gamma_sweep"]
-    best = max(sweep, key=lambda g: sweep[g]["speedup"])
-    row.update(
-        best_fixed_gamma=int(best),
-        best_fixed_speedup=sweep[best]["speedup"],
-        auto_over_best_fixed=row["speedup"] / sweep[best]["speedup"],
-        **(
-            {
-                "speedup_vs_t5x_sampler": float(
-                    np.sum(runs["baseline_t5x"].seconds) / np.sum(run.seconds)
-                )
-            }
-            if "baseline_t5x" in runs
-            else {}
-        ),
-        # Paired bootstrap over examples (5th, 95th percentiles): the run-to-run spread.
-        speedup_interval=auto_gamma.bootstrap_interval(base.seconds, run.seconds),
-        auto_over_best_fixed_interval=auto_gamma.bootstrap_interval(
-            runs[int(best)].seconds, run.seconds
-        ),
-    )
-    flat["auto"] = row
-    if headline:
-        for key in sweep[best]:
-            if key != "quality":  # the top level's quality is {'baseline', 'speculative'}
-                flat.pop(key, None)  # the placeholder headline's fields
-        flat.update(row)
-        predicted = row["predicted_speedup"]
-        flat["measured_over_predicted"] = row["speedup"] / predicted if predicted else None
-        seqio_task, vocabulary, examples, eos_id = quality_args
-        flat["quality"]["speculative"] = metrics.quality(
-            seqio_task, vocabulary, examples, run.tokens, eos_id
-        )
-
-
-def _prediction_rows(examples, start, tokens, seconds, stats, vocabulary, eos_id) -> list[dict]:
-    """`predictions.jsonl` lines of one batch's examples (headline row against the baseline)."""
-    rows = []
-    for r in range(len(tokens["baseline"])):
-        st = stats[r]
-        ex = examples[start + r]
-        rows.append(
-            {
-                "input": ex["inputs_pretokenized"],
-                "reference": ex["targets_pretokenized"],
-                "baseline": metrics.decode_text(vocabulary, tokens["baseline"][r], eos_id),
-                "speculative": metrics.decode_text(vocabulary, tokens["headline"][r], eos_id),
-                "identical": bool(np.array_equal(tokens["baseline"][r], tokens["headline"][r])),
-                "baseline_s": seconds["baseline"],
-                "speculative_s": seconds["headline"],
-                "stats": None
-                if st is None
-                else {k: np.asarray(getattr(st, k)).tolist() for k in summary.STAT_KEYS},
-            }
-        )
-    return rows
 
 
 def evaluate(
@@ -267,7 +192,7 @@ def evaluate(
                 )
                 if speculation.auto:
                     quality_args = (seqio_task, vocabulary, examples, eos_id)
-                    _add_auto_row(flat, runs, choices, gamma == "auto", quality_args)
+                    summary.add_auto_row(flat, runs, choices, gamma == "auto", quality_args)
                     flat["auto"]["cost_curve"] = fns["auto"].controller.curve.to_dict()
                     flat["auto"]["calls"] = fns["auto"].controller.history
             if measure.diagnostics and gamma != "auto":
@@ -399,6 +324,7 @@ def _decoders(spec_model, target_params, draft_params, settings, speculation, me
             settings=settings,
             gamma_max=speculation.auto_gamma_max,
             cost_repeats=measure.cost_repeats,
+            baseline_sampler=fns["baseline_model"].default_decoder_params["sampler"],
         )
     return fns
 
@@ -498,19 +424,18 @@ def _decode_all(
                 runs[key].tokens.append(np.asarray(entry["tokens"][r], np.int32))
                 runs[key].stats.append(per_row[key][r])
         if i not in out.restored:
-            head = record["runs"][str(headline_key)]
-            rows = _prediction_rows(
-                examples,
-                int(starts[i]),
-                {"baseline": record["runs"]["baseline"]["tokens"], "headline": head["tokens"]},
-                {
-                    "baseline": record["runs"]["baseline"]["seconds"] / n,
-                    "headline": head["seconds"] / n,
-                },
-                per_row[headline_key],
-                vocabulary,
-                eos_id,
-            )
+            base, head = record["runs"]["baseline"], record["runs"][str(headline_key)]
+            rows = [
+                tables.prediction_row(
+                    examples[int(starts[i]) + r],
+                    (base["tokens"][r], head["tokens"][r]),
+                    (base["seconds"] / n, head["seconds"] / n),
+                    per_row[headline_key][r],
+                    vocabulary,
+                    eos_id,
+                )
+                for r in range(n)
+            ]
             out.append_batch(record, rows)
         if done % report_every == 0 or done == len(local):
             logger.info("decoded %d/%d batches (%d%%)", done, len(local), 100 * done // len(local))

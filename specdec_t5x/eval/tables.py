@@ -206,19 +206,14 @@ def write_eval_outputs(out_dir, record, runs, gammas, headline, examples, vocabu
     lines = []
     base, spec = runs["baseline"], runs[headline]
     for i, ex in enumerate(examples):
-        stats = spec.stats[i]  # None where an auto run chose γ = 0 (the baseline)
-        row = {
-            "input": ex["inputs_pretokenized"],
-            "reference": ex["targets_pretokenized"],
-            "baseline": metrics.decode_text(vocabulary, base.tokens[i], eos_id),
-            "speculative": metrics.decode_text(vocabulary, spec.tokens[i], eos_id),
-            "identical": bool(np.array_equal(base.tokens[i], spec.tokens[i])),
-            "baseline_s": base.seconds[i],
-            "speculative_s": spec.seconds[i],
-            "stats": None
-            if stats is None
-            else {k: np.asarray(getattr(stats, k)).tolist() for k in summary.STAT_KEYS},
-        }
+        row = prediction_row(
+            ex,
+            (base.tokens[i], spec.tokens[i]),
+            (base.seconds[i], spec.seconds[i]),
+            spec.stats[i],
+            vocabulary,
+            eos_id,
+        )
         lines.append(json.dumps(row, ensure_ascii=False, default=float) + "\n")
     outputs.write_atomic(out_dir / "predictions.jsonl", "".join(lines))
     outputs.write_atomic(out_dir / "table_row.md", "\n".join([TABLE_HEADER, *rows(record)]) + "\n")
@@ -227,6 +222,28 @@ def write_eval_outputs(out_dir, record, runs, gammas, headline, examples, vocabu
         speedup_plot(tmp, summary.flat(record), gammas)
         os.replace(tmp, out_dir / "speedup.png")
     outputs.write_json(out_dir / "metrics.json", record)  # last: its presence means finished
+
+
+def prediction_row(example, tokens, seconds, stats, vocabulary, eos_id: int) -> dict[str, Any]:
+    """One `predictions.jsonl` line: input, reference, both outputs, identical, both times, stats.
+
+    Args:
+      example: a `inputs.load_examples` dict; tokens: (baseline, speculative) int32 [max_len];
+      seconds: (baseline, speculative) wall seconds of the example; stats: its
+      `SpeculativeStats` (NumPy), None where auto chose γ = 0; vocabulary, eos_id: for the texts.
+    """
+    return {
+        "input": example["inputs_pretokenized"],
+        "reference": example["targets_pretokenized"],
+        "baseline": metrics.decode_text(vocabulary, np.asarray(tokens[0]), eos_id),
+        "speculative": metrics.decode_text(vocabulary, np.asarray(tokens[1]), eos_id),
+        "identical": bool(np.array_equal(tokens[0], tokens[1])),
+        "baseline_s": seconds[0],
+        "speculative_s": seconds[1],
+        "stats": None
+        if stats is None
+        else {k: np.asarray(getattr(stats, k)).tolist() for k in summary.STAT_KEYS},
+    }
 
 
 def speedup_plot(path, m, gammas) -> None:

@@ -213,11 +213,12 @@ def measure_cost_curve(
     settings: Mapping[str, Any],
     verification: str = "token",
     repeats: int = 20,
+    baseline_sampler: str = "t5x",
 ) -> CostCurve:
     """The `CostCurve` of this model pair and shape; measured once per process, then cached.
 
     The cache key is the model pair (object identity), the batch and encoder shape, the decode
-    length, gamma_max, the sampling settings and the verification rule. T(k) is the step timer's
+    length, gamma_max, the sampling settings, the verification rule and the baseline's draw. T(k) is the step timer's
     (`step_costs`) brought to what the decode loops pay (`loop_costs` at γ = gamma_max: T(1) from
     the baseline loop, k >= 2 scaled by the loop's verify call over the timer's T(gamma_max + 1));
     the draft's step is its lone step, plus the loop's interference once per iteration.
@@ -235,6 +236,7 @@ def measure_cost_curve(
         gamma_max,
         tuple(sorted(settings.items())),
         verification,
+        baseline_sampler,
     )
     if key not in _CURVES:
         pair = (spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len)
@@ -253,6 +255,7 @@ def measure_cost_curve(
             spec_model.eos_id,
             verification,
             repeats,
+            baseline_sampler,
         )
         # The step timer's loops price the target's calls below what the decode loops pay
         # (`loop_costs`): T(1) is taken from the baseline loop, and the k >= 2 calls are scaled by
@@ -264,6 +267,7 @@ def measure_cost_curve(
             costs,
             repeats=max(3, repeats // 2),
             verification=verification,
+            baseline_sampler=baseline_sampler,
         )
         scale = in_loop["verify_step_ms"] / costs["block_step_ms"][gamma_max + 1]
         blocks = {
@@ -290,8 +294,11 @@ def measure_loop_work_ms(
     eos_id: int,
     verification: str = "token",
     repeats: int = 20,
+    baseline_sampler: str = "t5x",
 ) -> dict[str, Any]:
     """The decode loops' own work for γ = 1..gamma_max (`overheads.measure_loop_ms`), in ms.
+
+    `baseline_sampler` is the baseline's draw (`decoding.SAMPLERS`): its sampling work per token.
 
     Measured at γ = 1 and γ = gamma_max (real loops, zero-cost models) and interpolated linearly
     in γ between them (the per-iteration work is γ draft samples plus a fixed part).
@@ -303,7 +310,15 @@ def measure_loop_work_ms(
     ends = sorted({1, gamma_max})
     measured = {
         g: overheads.measure_loop_ms(
-            batch, vocab, max_decode_len, g, settings, eos_id, repeats, verification=verification
+            batch,
+            vocab,
+            max_decode_len,
+            g,
+            settings,
+            eos_id,
+            repeats,
+            verification=verification,
+            baseline_sampler=baseline_sampler,
         )
         for g in ends
     }
