@@ -333,15 +333,16 @@ def _warm_up(fns, first, rng0, interrupts) -> None:
     """Compiles and runs once every decoder on the evaluation shapes (excluded from timing); with
     encoder length buckets once per bucket. Auto γ measures its cost curve here."""
     tp, dp = fns["tp"], fns["dp"]
-    with phase(f"compile and warm up {1 + len(fns['spec_fns'])} decoders"):
+    baselines = [key for key in ("baseline", "baseline_t5x") if key in fns]
+    with phase(f"compile and warm up {len(baselines) + len(fns['spec_fns'])} decoders"):
         for enc in steps.warmup_sources(tp, first["encoder_input_tokens"]):
             warm = {**first, "encoder_input_tokens": enc}
-            for key in ("baseline", "baseline_t5x"):
-                if key in fns:
-                    jax.block_until_ready(fns[key](tp, warm, rng0))
-                    interrupts.check()
+            for key in baselines:
+                logger.info("compiling %s (encoder length %d)", key, enc.shape[1])
+                jax.block_until_ready(fns[key](tp, warm, rng0))
+                interrupts.check()
             for g, fn in fns["spec_fns"].items():
-                logger.info("compiled the baseline; compiling γ = %s", g)
+                logger.info("compiling γ = %s (encoder length %d)", g, enc.shape[1])
                 jax.block_until_ready(fn(tp, dp, warm, rng0))
                 interrupts.check()
             if fns["cost_calls"] is not None:
