@@ -29,6 +29,7 @@ TABLES = {  # results/<name>/table.md and its marker in results/README.md: its r
     ],
 }
 DEMO = [RESULTS / "demo" / f"embedded_ende_model_t{t}" for t in (0, 1)]
+HEADLINE = ("demo_repeated", "paper_regime")  # scripts/repeat_rows.py folders: README's headline
 
 
 def metrics_files(dirs) -> list[pathlib.Path]:
@@ -70,26 +71,30 @@ def replace(path: pathlib.Path, name: str, body: str) -> None:
     path.write_text(f"{head}{start}\n{body.strip()}\n{end}{tail}")
 
 
-def repeated_table(root: pathlib.Path) -> str:
-    """The medians table of `scripts/repeat_rows.py`'s folder (one row per <row>/ with runs)."""
+def repeated_table(*roots: pathlib.Path, headline: bool = False) -> str:
+    """The medians table of `scripts/repeat_rows.py`'s folders (one row per <row>/ with runs)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import repeat_rows
 
     rows, files = [], []
-    for row in sorted(p for p in root.iterdir() if p.is_dir()):
-        runs = sorted(row.glob("run*/metrics.json"))
-        if runs:
-            rows.append(
-                tables.median_row([_load(f) for f in runs], repeat_rows.target_label(row.name))
-            )
-            files += runs
+    for root in roots:
+        for row in sorted(p for p in root.iterdir() if p.is_dir()):
+            runs = sorted(row.glob("run*/metrics.json"))
+            if runs:
+                label = repeat_rows.target_label(row.name)
+                rows.append(tables.median_row([_load(f) for f in runs], label, headline))
+                files += runs
     if not files:
-        raise SystemExit(f"no <row>/run<k>/metrics.json under {root}")
-    return "\n".join([tables.MEDIAN_HEADER, *rows]) + "\n\n" + tables.provenance_footer(files)
+        raise SystemExit(f"no <row>/run<k>/metrics.json under {roots}")
+    header = tables.MEDIAN_HEADLINE_HEADER if headline else tables.MEDIAN_HEADER
+    return "\n".join([header, *rows]) + "\n\n" + tables.provenance_footer(files)
 
 
 def render_all() -> None:
     """Every committed table, from what the runs recorded."""
+    headline = [RESULTS / name for name in HEADLINE if (RESULTS / name).is_dir()]
+    if headline:  # medians of repeated runs: the README's headline
+        replace(ROOT / "README.md", "headline", repeated_table(*headline, headline=True))
     replace(ROOT / "README.md", "demo", table(metrics_files(DEMO), headline=True))
     for name, folders in TABLES.items():
         files = metrics_files(
