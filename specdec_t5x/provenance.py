@@ -1,6 +1,6 @@
 """Where a result came from: commit, hardware, date and command, written beside every result.
 
-One module, one rule, used by the eval job (`evaluation`), the benchmarks (`scripts/measure_c.py`,
+One module, one rule, used by the eval job (`eval.job`), the benchmarks (`scripts/measure_c.py`,
 `scripts/bench_vs_hf.py`, `verify_cost`), the train script and the corpus builder.
 
 The "dirty" rule: a commit is reported as `<sha>-dirty` when *tracked* files outside the run-output

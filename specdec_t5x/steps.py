@@ -4,7 +4,7 @@ The samplers (`decoding.temperature_sample`, `speculative.speculative_sample`) n
 module: they call closures that follow one contract, `BlockStep`, the counterpart of T5X's
 `DecodeFnCallable` / `tokens_to_logits` callback (`t5x/decoding.py`). This module is the only place
 that turns a `network.Transformer` into such a closure; `models` (the T5X-shaped glue), `drafts`
-(the T5 draft) and `benchmark` (step-cost timers) all build theirs here.
+(the T5 draft) and `timing.step_timer` (step-cost timers) all build theirs here.
 
 The contract::
 

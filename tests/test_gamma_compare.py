@@ -1,4 +1,4 @@
-"""`gamma_table`: the auto-γ comparison on the tiny random pair (row contents, not timings)."""
+"""`bench.gamma_compare`: the auto-γ comparison on the tiny random pair (row contents, not timings)."""
 
 import json
 

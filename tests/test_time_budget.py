@@ -1,4 +1,4 @@
-"""`time_budget`: the composition of measured component costs, and the zero-cost loops it times."""
+"""`eval.diagnostics`: the composition of measured component costs, and the zero-cost loops it times."""
 
 import jax
 import jax.numpy as jnp

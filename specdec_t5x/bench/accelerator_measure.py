@@ -1,4 +1,4 @@
-"""The measurements of `accelerator_bench`: step costs, the weight-streaming floor, end to end.
+"""The measurements of `bench.accelerator`: step costs, the weight-streaming floor, end to end.
 
 (a) `step_costs`: T(k) of the target's cached decoder call and each draft's one-token step,
     timed inside a `fori_loop` (`steps_per_call` steps per call) in interleaved rounds
@@ -9,8 +9,8 @@
     model `cost_model_gamma` (Theorem 3.8 of Leviathan et al., 2022, with the measured verify cost
     T(γ+1)/T(1) instead of 1).
 
-`s` arguments are a settings dict of `accelerator_bench.SETTINGS`; `budget` an
-`accelerator_bench.Budget`. Imports only JAX-side modules (no gin, seqio, TensorFlow).
+`s` arguments are a settings dict of `accelerator.SETTINGS`; `budget` an
+`accelerator.Budget`. Imports only JAX-side modules (no gin, seqio, TensorFlow).
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""TODO docstring."""
+"""Random target/draft pairs of any T5 shape, for measuring c and verify/step without trained weights.
+
+`measure_step_costs(target_config, draft_config, ...)` builds both networks with random
+parameters (`random_params`), fills their decode caches and times the target's one-token step, the
+draft's step and the γ + 1-token verify call with the step timer (`timing.step_timer`): the
+paper's c (§3.4, Table 4) and the verify-call ratio for model sizes we have no weights for.
+Behind `scripts/measure_c.py`, `scripts/bench_vs_hf.py` and the accelerator benchmark; never
+imported by the eval job.
+"""
 
 from __future__ import annotations
 

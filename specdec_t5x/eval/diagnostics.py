@@ -160,7 +160,7 @@ def eval_time_budget(
     sources: Sequence[Array] | None = None,
     loop: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The eval job's `time_budget`: component costs measured on `batch`'s shapes, composed.
+    """The eval job's time budget (`DIAGNOSTICS`): component costs measured on `batch`'s shapes, composed.
 
     Uses the step costs already in `metrics['step_costs']` (in-loop T(1), draft, T(γ + 1)), adds
     `measure_setup_ms` and `measure_loop_ms`, and composes with the counted calls (`compose`);

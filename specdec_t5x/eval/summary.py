@@ -1,6 +1,6 @@
 """What the runs write: the eval job's metrics, tables, predictions and plot; the step-cost table.
 
-`evaluation` decodes and times; this module turns its per-example records into what the paper
+`eval.job` decodes and times; this module turns its per-example records into what the paper
 reports (Tables 2-4): α (counted, and the Corollary 3.6 β estimate, both from `theory`), the
 Theorem 3.8 prediction (`theory.measured_walltime_improvement`, which also takes a measured
 α = 1), quality metrics,
@@ -53,14 +53,14 @@ def predicted_speedups(
 def c_at_gamma(costs: dict[str, Any], g: int, gamma: int) -> float:
     """The draft's in-loop c at γ = g from step costs measured at γ = `gamma`.
 
-    `benchmark.time_decoder_steps` measures c in the loop at one γ: the draft's lone step
+    `timing.step_timer.time_decoder_steps` measures c in the loop at one γ: the draft's lone step
     (`c_alone`) plus the iteration's interference (the draft reloaded into the CPU's caches after
     each verify call, `interference_ms`, once per iteration) spread over γ steps. At another γ the
     same interference is spread over g steps. Step costs without these keys (older metrics) give
     `costs['c']` unchanged.
 
     Args:
-      costs: `benchmark.time_decoder_steps`'s dict; g: the γ to price (>= 1); gamma: the γ the
+      costs: `timing.step_timer.time_decoder_steps`'s dict; g: the γ to price (>= 1); gamma: the γ the
         costs were measured at.
 
     Returns:
@@ -152,7 +152,7 @@ def summarise(
       runs: {'baseline': Run, γ: Run for each γ in gammas}; at T > 0 also 'baseline_t5x' (T5X's
         sampler; `speedup_vs_t5x_sampler` beside `speedup`, which is against the fair baseline).
       gammas: the γ values run; gamma: the headline one.
-      costs: `benchmark.time_decoder_steps` result ('c', 'verify_cost_ratio', ...).
+      costs: `timing.step_timer.time_decoder_steps` result ('c', 'verify_cost_ratio', ...).
       examples, seqio_task, vocabulary, eos_id: for the quality metrics.
       settings: the sampling settings dict, written as is.
       rows_per_call: rows of each decode call in example order (None: one example per call).

@@ -287,7 +287,7 @@ def speedup_plot(path, m, gammas) -> None:
 
 
 def step_cost_table(result: dict[str, Any]) -> str:
-    """One-row markdown table of a `benchmark.measure_step_costs` result, plus provenance lines."""
+    """One-row markdown table of a `bench.random_pair.measure_step_costs` result, plus provenance lines."""
     target, draft = result.get("target", "target"), result.get("draft", "draft")
     header = (
         "| target | draft | dtype | batch | γ | target step ms | draft step ms | verify (γ+1) ms "
@@ -322,7 +322,7 @@ def step_cost_table(result: dict[str, Any]) -> str:
 
 
 def hf_comparison_table(result: dict[str, Any]) -> str:
-    """Markdown table of a `hf_compare.compare_with_hf` result, plus provenance lines."""
+    """Markdown table of a `bench.vs_hf.compare_with_hf` result, plus provenance lines."""
     n = result["num_examples"]
     rows = [
         "| implementation | baseline s | speculative s | speed-up | speculative == greedy |",

@@ -16,7 +16,7 @@ With u = T(1) + s_1, the baseline's cost per token, the steady-state speedup of 
 is `theory.measured_walltime_improvement(α, γ, c = draft/u, T(γ + 1)/u, o(γ)/u)`; for calls of
 L tokens the set-up and fixed parts are added to both sides (`CostCurve.predicted_speedup` with
 `tokens_per_call`), which matters when outputs are short and inputs long (summarization: a ~10-token
-synopsis of a 256-token description). `gamma_control` chooses γ from it.
+synopsis of a 256-token description). `auto_gamma` chooses γ from it.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def calibrated(curve: CostCurve, calls: Mapping[int, Any]) -> CostCurve:
       curve: the composed `CostCurve`.
       calls: {γ: [(wall seconds, longest row's tokens, counted iterations or None), ...]} (γ = 0:
         the baseline; iterations required for γ >= 1), e.g. a few interleaved rounds of each
-        γ's real decode on the first batch (`gamma_control.AutoGammaDecoder`).
+        γ's real decode on the first batch (`auto_gamma.AutoGammaDecoder`).
 
     Raises:
       ValueError: a γ outside 0..gamma_max, no calls for a γ, or a call without what its model

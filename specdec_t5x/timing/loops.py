@@ -1,4 +1,13 @@
-"""TODO docstring."""
+"""c and verify/step as the decode loops pay them (paper §3.4, Theorem 3.8's costs).
+
+* `run_costs`: from the run's own calls: each timed call beside the same call stopped after 2
+  tokens (and the speculative call with `ZeroCostDraft`, whose iterations are the verify call
+  alone); full minus short prices the extra tokens or iterations, set-up cancelled, the loops' own
+  work (`overheads.measure_loop_ms`) taken off. What the eval job reports.
+* `loop_costs`: the real decode loops timed on the first batches' caches, by slope in their
+  length; the fallback when every output is too short for `run_costs`, and auto γ's curve.
+* `measure_step_costs`: the step timer (`step_timer.step_costs`), then `loop_costs`.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +50,7 @@ def loop_costs(
     timings too noisy to price a run), pooled:
 
     * the baseline (`decoding.temperature_sample`, the target alone): T(1) per token;
-    * the speculative loop with the real target and a zero-cost draft (`time_budget.
+    * the speculative loop with the real target and a zero-cost draft (`clock.
       constant_step`): the verify call per iteration;
     * the speculative loop with both models real: one iteration's model calls;
 
@@ -254,7 +263,7 @@ def loop_costs(
 
 
 class ZeroCostDraft(drafts.Draft):
-    """A draft that costs nothing: the same logits row at every position (`time_budget.
+    """A draft that costs nothing: the same logits row at every position (`clock.
     constant_step`, EOS never proposed). With it the speculative loop's iterations cost the
     verify call plus the loop's own work, which `run_costs` takes as the verify call's cost.
 

@@ -1,4 +1,13 @@
-"""TODO docstring."""
+"""The step timer: one cached decoder step timed in a loop of its own, as a slope in its length.
+
+`time_decoder_steps` times the target's one-token step, the draft's step, the γ + 1-token verify
+call and one speculative iteration's calls at a fixed decoder position, each as the slope between
+a short and a long loop of steps (so the call's fixed cost cancels), interleaved round by round
+(`clock.time_interleaved`). `step_costs` does it for a `models.SpeculativeEncoderDecoderModel` on
+real inputs (caches built from the encoder inputs). The decode loops themselves pay more than
+these lone loops (`timing.loops`); the eval job reports the loops' figures and keeps these beside
+them ('step_timer', 'c_alone').
+"""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ everything else here is a small piece it is built from and that tests call direc
   the target at the eval temperatures (`distill.MixedBatches`; DistillSpec, Zhou et al., 2024).
 * State: `TrainState` (step, params, optax state) in an orbax `CheckpointManager` together with the
   data position(s) and the wall time spent, so a killed run resumes where its last checkpoint left
-  off and replays the same batches (`train_checkpoints`; `export_checkpoint` exports one mid-run).
+  off and replays the same batches (`training.checkpoints`; `export_checkpoint` exports one mid-run).
 * Monitoring: tqdm bar (loss, non-padding input + target tokens/s); `metrics.jsonl` in the run
   folder (training loss every `log_every` steps, with teacher-forced alpha per batch source when
   distilling; validation loss and greedy-decode BLEU or ROUGE every `eval_every`); curves and
