@@ -14,10 +14,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = pathlib.Path("results/training")
 RUNS = [  # (label, metrics file); each run starts from the previous run's export
-    ("r1 (session 1, LR 1e-2)", ROOT / "embedded_ende_target_metrics.jsonl"),
-    ("r2 (session 2)", ROOT / "session2/target_r2_metrics.jsonl"),
-    ("r3 (session 3, LR 3e-3, dropout 0.1)", ROOT / "session3/target_r3_metrics.jsonl"),
-    ("r4 = ende_tgt13 (sessions 13-14, LR 1.5e-3)", ROOT / "session13/ende_tgt13/metrics.jsonl"),
+    ("r1 (LR 1e-2)", ROOT / "embedded_ende_target_metrics.jsonl"),
+    ("r2", ROOT / "session2/target_r2_metrics.jsonl"),
+    ("r3 (LR 3e-3, dropout 0.1)", ROOT / "session3/target_r3_metrics.jsonl"),
+    ("r4 = ende_tgt13 (LR 1.5e-3)", ROOT / "session13/ende_tgt13/metrics.jsonl"),
 ]
 
 

@@ -1,7 +1,7 @@
-"""Session 7's curve: teacher-forced α of the summarization draft during on-policy TVD training.
+"""The teacher-forced α curve of the summarization draft during on-policy TVD training.
 
   python results/training/session7/plot_alpha.py   # -> results/training/session7/alpha_tvd7.png
-  python results/training/session7/plot_alpha.py RUN_FOLDER OUT_PNG   # another run (session 8)
+  python results/training/session7/plot_alpha.py RUN_FOLDER OUT_PNG   # another run
 """
 
 import json
