@@ -241,3 +241,22 @@ def test_sigint_in_compilation_and_at_a_quarter_of_decoding_exits_130_and_resume
     assert metrics["resumed"]["batches_restored"] == len(records)
     assert metrics["identical_fraction"] == 1.0
     assert len((out / "predictions.jsonl").read_text().splitlines()) == 4
+
+
+def test_statistics_round_trip_through_the_records_file():
+    import numpy as np
+
+    from specdec_t5x import speculative
+
+    stats = speculative.SpeculativeStats(
+        *(np.arange(2, dtype=np.int32) + i for i in range(3)),
+        np.ones((2, 4), np.int32),
+        np.array([0.5, 0.25], np.float32),
+        *(np.arange(2, dtype=np.int32) for _ in range(3)),
+    )
+    back = outputs.decode_stats(json.loads(json.dumps(outputs.encode_stats(stats))))
+    assert type(back) is speculative.SpeculativeStats
+    for name in ("num_iterations", "accept_histogram", "beta_sum"):
+        a, b = getattr(stats, name), getattr(back, name)
+        assert a.dtype == b.dtype and (a == b).all()
+    assert outputs.decode_stats(outputs.encode_stats(None)) is None

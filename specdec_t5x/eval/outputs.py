@@ -16,7 +16,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -24,6 +26,8 @@ import pathlib
 import signal
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -229,30 +233,22 @@ class Interrupts:
 
 
 def encode_stats(stats) -> dict[str, Any] | None:
-    """A call's `SpeculativeStats` (NumPy, [batch, ...] per field) as JSON: {field: [dtype, list]}."""
+    """A call's statistics dataclass (`SpeculativeStats` or a tree's; NumPy, [batch, ...] per
+    field) as JSON: {'__class__': 'module:name', field: [dtype, list], ...}."""
     if stats is None:
         return None
-    import dataclasses
-
-    import numpy as np
-
-    return {
-        f.name: [
-            str(np.asarray(getattr(stats, f.name)).dtype),
-            np.asarray(getattr(stats, f.name)).tolist(),
-        ]
-        for f in dataclasses.fields(stats)
-    }
+    out = {"__class__": f"{type(stats).__module__}:{type(stats).__qualname__}"}
+    for f in dataclasses.fields(stats):
+        value = np.asarray(getattr(stats, f.name))
+        out[f.name] = [str(value.dtype), value.tolist()]
+    return out
 
 
 def decode_stats(record: Mapping[str, Any] | None):
-    """Inverse of `encode_stats`: `speculative.SpeculativeStats` of NumPy arrays, or None."""
+    """Inverse of `encode_stats`: the statistics dataclass of NumPy arrays, or None."""
     if record is None:
         return None
-    import numpy as np
-
-    from specdec_t5x import speculative
-
-    return speculative.SpeculativeStats(
-        **{name: np.asarray(value, dtype) for name, (dtype, value) in record.items()}
-    )
+    module, name = record["__class__"].split(":")
+    cls = getattr(importlib.import_module(module), name)
+    fields = {k: np.asarray(v[1], v[0]) for k, v in record.items() if k != "__class__"}
+    return cls(**fields)
