@@ -318,15 +318,6 @@ def test_experiment_files_exist():
     assert len(EXPERIMENTS) >= 8
 
 
-TINY_SIZE_BINDINGS = [
-    f"{scope}network.T5Config.{k} = {v}"
-    for scope in ("", "draft/")
-    for k, v in dict(
-        emb_dim=8, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, head_dim=3, mlp_dim=16
-    ).items()
-]
-
-
 def test_paper_row_end_to_end_on_synthetic_checkpoints_and_mock_tfds(tmp_path, monkeypatch):
     """The paper path: XXL-row gin file (shrunk to tiny sizes), T5X checkpoints on disk, WMT via TFDS
     mock data, the T5 vocabulary path bound in gin."""
@@ -345,23 +336,18 @@ def test_paper_row_end_to_end_on_synthetic_checkpoints_and_mock_tfds(tmp_path, m
     # The mock data stands in for prepared data (`inputs.check_tfds_prepared` checks it is there).
     monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
     out = tmp_path / "out"
-    bindings = [
-        *TINY_SIZE_BINDINGS,
+    bindings = [  # the tiny shapes, lengths and counts: gin/runs/paper_smoke.gin
         f"TARGET_CHECKPOINT = '{tmp_path / 'target'}'",
         f"DRAFT_CHECKPOINT = '{tmp_path / 'draft'}'",
         f"VOCAB_PATH = '{vocab.DEFAULT_VOCAB_PATH}'",
         f"EVAL_OUTPUT_DIR = '{out}'",
-        "NUM_EXAMPLES = 2",
-        "INPUT_LEN = 24",
-        "TARGET_LEN = 8",
-        "GAMMAS = [2]",
-        "LOOP_COSTS = False",  # test_eval_end_to_end_writes_complete_results measures it
     ]
     gin.clear_config(clear_constants=True)
     try:
         with tfds.testing.mock_data(num_examples=2):
             metrics = eval_main.main(
                 ["--gin_file=gin/experiments/paper_ende_small_t0.gin"]
+                + ["--gin_file=gin/runs/paper_smoke.gin"]
                 + [f"--gin.{b.replace(' = ', '=')}" for b in bindings]
             )
     finally:
