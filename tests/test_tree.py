@@ -1,10 +1,12 @@
 """Tree speculation: exact distributions (chi-square), greedy identity, the tree mask, stats."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_speculative import EOS, random_tables
+from test_speculative import EOS, chi_square_pvalue, exact_sequence_probs, random_tables
 
 from specdec_t5x import speculative, tree
 
@@ -150,3 +152,261 @@ def test_a_step_without_tree_support_is_refused():
             EOS,
             tree=(2,),
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact distributions: chi-square over every output sequence of the toy target.
+
+SETTINGS = [(0.5, 0, 0.0), (1.0, 0, 0.0), (2.0, 0, 0.0), (1.0, 3, 0.0), (1.0, 0, 0.8)]
+TREES = [(2, 2), (3, 1), (2, 2, 2)]
+# Each rule at every setting, the trees rotating so every (rule, tree) and every (tree, setting)
+# pair occurs (15 compiles instead of 45; the full grid was run once, see the module's report).
+DISTRIBUTION_CASES = [
+    (rule, TREES[(r + s) % len(TREES)], *setting)
+    for r, rule in enumerate(tree.TREE_RULES)
+    for s, setting in enumerate(SETTINGS)
+]
+
+
+@pytest.mark.parametrize("rule, shape, temperature, topk, topp", DISTRIBUTION_CASES)
+def test_sampling_distribution_is_the_targets(rule, shape, temperature, topk, topp):
+    p, q = random_tables(seed=len(shape) + shape[0])
+    decodes, st = run_toy(
+        p, q, 20000, shape, seed=11, temperature=temperature, topk=topk, topp=topp, tree_rule=rule
+    )
+    assert chi_square_pvalue(decodes, exact_sequence_probs(p, 3, temperature, topk, topp)) > 1e-3
+    depth_tested, rank_tested = np.asarray(st.depth_tested), np.asarray(st.rank_tested)
+    assert 0 < int(st.num_accepted.sum()) < int(st.num_draft_tokens.sum())  # accept and reject
+    assert depth_tested[:, 1].sum() > 0  # the second depth is reached
+    assert rank_tested[:, :, 1].sum() > 0  # second children get tested (after a rejection)
+    np.testing.assert_array_equal(st.num_draft_tokens, depth_tested.sum(1))
+
+
+def first_order_table(seed, vocab=5, max_len=3):
+    """logits depend on (position, current token) only: table [L, V, V, V] constant in `prev`."""
+    rng = np.random.RandomState(seed)
+    table = rng.randn(max_len, 1, vocab, vocab) * 1.5
+    return np.broadcast_to(table, (max_len, vocab, vocab, vocab)).astype(np.float32)
+
+
+@pytest.mark.parametrize("rule", tree.TREE_RULES)
+def test_first_order_toy_as_target_and_draft(rule):
+    p, q = first_order_table(1), first_order_table(2)
+    decodes, _ = run_toy(p, q, 20000, (3, 2), seed=3, temperature=1.0, tree_rule=rule)
+    assert chi_square_pvalue(decodes, exact_sequence_probs(p, 3, 1.0, 0, 0.0)) > 1e-3
+
+
+def wrong_residual(r, q_i):
+    """A deliberately wrong rejection update: max(r - q_i, 0) without renormalising it, so the
+    later children are accepted with too small a probability min(1, r'(x) / q(x))."""
+    return jnp.maximum(r - q_i, 0.0)
+
+
+@pytest.mark.parametrize("rule", ["iid", "topk"])
+def test_a_wrong_residual_fails_the_distribution_test(monkeypatch, rule):
+    p, q = random_tables(seed=4)
+    expected = exact_sequence_probs(p, 3, 1.0, 0, 0.0)
+    decodes, _ = run_toy(p, q, 20000, (3, 1), seed=5, temperature=1.0, tree_rule=rule)
+    assert chi_square_pvalue(decodes, expected) > 1e-3
+    monkeypatch.setattr(tree, "residual_after_rejection", wrong_residual)
+    decodes, _ = run_toy(p, q, 20000, (3, 1), seed=5, temperature=1.0, tree_rule=rule)
+    assert chi_square_pvalue(decodes, expected) < 1e-3
+
+
+def exact_probs_after(table, max_len, prompt, temperature):
+    """{decode tuple: probability} of the toy target's continuations after a forced prompt."""
+    free = max_len - len(prompt)
+    adjusted = np.asarray(
+        jax.nn.softmax(jnp.asarray(table, jnp.float32) / temperature, axis=-1), np.float64
+    )
+    probs = {}
+    for seq in itertools.product(range(table.shape[-1]), repeat=free):
+        prob, inputs, out = 1.0, [0, *prompt], []
+        for y in seq:
+            t = len(inputs) - 1
+            prob *= adjusted[t, inputs[-2] if len(inputs) >= 2 else 0, inputs[-1], y]
+            out.append(y)
+            inputs.append(y)
+            if y == EOS:
+                break
+        if seq[len(out) :] != (0,) * (free - len(out)):
+            continue
+        key = tuple(prompt) + tuple(out) + (0,) * (free - len(out))
+        probs[key] = probs.get(key, 0.0) + prob
+    return probs
+
+
+@pytest.mark.parametrize("rule, shape", [("topk", (2, 2)), ("without_replacement", (3, 1))])
+def test_rows_with_different_prompts_each_get_their_distribution(rule, shape):
+    """batch > 1 with different rows: a third of the rows decode freely, the others after a forced
+    prompt token (3 or 4), so rows differ in their distributions and end at different iterations."""
+    p, q = random_tables(seed=9, max_len=4, vocab=5)
+    n = 30000
+    prompt = np.array([0, 3, 4])[np.arange(n) % 3]
+    inputs = jnp.zeros((n, 4), jnp.int32).at[:, 1].set(jnp.asarray(prompt))
+    decodes, _ = run_toy(p, q, n, shape, seed=2, inputs=inputs, temperature=1.0, tree_rule=rule)
+    decodes = np.asarray(decodes)
+    for token in (0, 3, 4):
+        rows = decodes[prompt == token]
+        if token == 0:
+            expected = exact_sequence_probs(p, 4, 1.0, 0, 0.0)
+        else:
+            rows = rows[:, 1:]  # decodes: prompt, continuation
+            expected = exact_probs_after(p, 4, [token], 1.0)
+            expected = {k[1:]: v for k, v in expected.items()}
+            rows = np.concatenate([rows, np.zeros((len(rows), 1), rows.dtype)], 1)[:, :3]
+            expected = {k[:3]: v for k, v in expected.items()}
+        assert chi_square_pvalue(rows, expected) > 1e-3, token
+
+
+@pytest.mark.parametrize("rule", tree.TREE_RULES)
+def test_batch_of_one_is_exact(rule):
+    """The batch-1 loop, vectorised over 20000 independent keys (vmap of a batch-1 decode)."""
+    p, q = random_tables(seed=10)
+    max_len, slots = 3, 3 + tree.TreeShape((2, 2)).num_nodes - 1
+
+    def one(rng):
+        decodes, _ = speculative.speculative_sample(
+            jnp.zeros((1, max_len), jnp.int32),
+            toy_cache(1, slots),
+            toy_tree_step(p),
+            toy_cache(1, slots),
+            toy_tree_step(q),
+            EOS,
+            tree=(2, 2),
+            decode_rng=rng,
+            temperature=2.0,
+            tree_rule=rule,
+        )
+        return decodes[0]
+
+    decodes = jax.jit(jax.vmap(one))(jax.random.split(jax.random.PRNGKey(6), 20000))
+    assert chi_square_pvalue(decodes, exact_sequence_probs(p, 3, 2.0, 0, 0.0)) > 1e-3
+
+
+def test_chain_shaped_tree_is_exact_at_t1():
+    p, q = random_tables(seed=12)
+    decodes, st = run_toy(p, q, 20000, (1, 1, 1), seed=7, temperature=1.0, tree_rule="iid")
+    assert chi_square_pvalue(decodes, exact_sequence_probs(p, 3, 1.0, 0, 0.0)) > 1e-3
+    assert int(np.asarray(st.rank_tested)[:, :, 0].sum()) == int(st.num_draft_tokens.sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# Acceptance of each rule against its closed form (one depth, context-free p and q).
+
+
+def context_free_tables(p_row, q_row, max_len=32):
+    p = np.broadcast_to(np.log(p_row), (max_len, 4, 4, 4)).astype(np.float32)
+    q = np.broadcast_to(np.log(q_row), (max_len, 4, 4, 4)).astype(np.float32)
+    return p, q
+
+
+def expected_first_depth_acceptance(rule, p, q, k=2):
+    """P(some child of the root is accepted) for k = 2 children, exactly."""
+    p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+    beta = np.minimum(p, q).sum()
+    r2 = np.maximum(p - q, 0) / np.maximum(p - q, 0).sum()
+    if rule == "topk":
+        return float(np.sort(p[np.argsort(-q)[:k]]).sum())
+    if rule == "iid":
+        return float(beta + (1 - beta) * np.minimum(r2, q).sum())
+    total = beta  # without replacement: second child from q without the first
+    for x1 in range(len(q)):
+        reject = q[x1] - min(q[x1], p[x1])  # P(x_1 = x1 and rejected)
+        if reject <= 0:
+            continue
+        q2 = np.where(np.arange(len(q)) == x1, 0.0, q) / (1 - q[x1])
+        total += reject * np.minimum(r2, q2).sum()
+    return float(total)
+
+
+@pytest.mark.parametrize("rule", tree.TREE_RULES)
+def test_acceptance_per_depth_matches_the_rules_closed_form(rule):
+    p_row = np.array([1e-12, 1e-12, 0.5, 0.5]) * np.array([1, 1, 0.7, 1.3])  # EOS never
+    q_row = np.array([1e-12, 1e-12, 0.5, 0.5]) * np.array([1, 1, 1.5, 0.5])
+    p_row, q_row = p_row / p_row.sum(), q_row / q_row.sum()
+    p, q = context_free_tables(p_row, q_row)
+    _, st = run_toy(p, q, 2000, (2, 2), seed=8, temperature=1.0, tree_rule=rule)
+    tested, accepted = np.asarray(st.depth_tested).sum(0), np.asarray(st.depth_accepted).sum(0)
+    want = expected_first_depth_acceptance(rule, p_row, q_row)
+    for d in range(2):
+        stderr = np.sqrt(want * (1 - want) / tested[d])
+        assert abs(accepted[d] / tested[d] - want) < 4 * stderr + 1e-9, (d, rule, want)
+    ranks = np.asarray(st.rank_accepted).sum((0, 1))
+    assert ranks[1] > 0 or want == 1.0
+
+
+def test_draft_equal_to_target_accepts_every_depth_with_iid_children():
+    p, _ = random_tables(seed=5, max_len=4)
+    _, st = run_toy(p, p, 5000, (2, 2), seed=3, temperature=1.0, tree_rule="iid")
+    np.testing.assert_array_equal(st.num_accepted, st.num_draft_tokens)
+    assert int(np.asarray(st.rank_tested)[:, :, 1].sum()) == 0  # the first child always wins
+    np.testing.assert_allclose(st.beta_sum, st.num_beta, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argmax mode: greedy's tokens, whatever the shape; EOS and the length limit inside a tree.
+
+
+def greedy_toy_decode(table, inputs):
+    """The toy target's greedy decode after each row's forced prompt, in NumPy."""
+    table = np.asarray(table)
+    out = np.zeros(inputs.shape, np.int32)
+    for b, row in enumerate(np.asarray(inputs)):
+        prompt = list(row[1 : 1 + np.argmin(np.append(row[1:], 0) != 0)])
+        seq = [0, *prompt]
+        while len(seq) - 1 < inputs.shape[1] and (len(seq) == 1 + len(prompt) or seq[-1] != EOS):
+            t = len(seq) - 1
+            seq.append(int(np.argmax(table[t, seq[-2] if t >= 1 else 0, seq[-1]])))
+        out[b, : len(seq) - 1] = seq[1:]
+    return out
+
+
+GREEDY_SHAPES = [(1, 1, 1), (2, 2), (3, 1), (2, 2, 2), (4,), (1, 3, 2)]
+
+
+@pytest.mark.parametrize("shape", GREEDY_SHAPES)
+def test_argmax_mode_equals_greedy(shape):
+    p, q = random_tables(seed=16, vocab=6, max_len=8)
+    inputs = jnp.zeros((4, 8), jnp.int32).at[1, 1:3].set(jnp.array([3, 2])).at[2, 1].set(5)
+    want = greedy_toy_decode(p, inputs)
+    got, st = run_toy(p, q, 4, shape, inputs=inputs, temperature=0.0)
+    np.testing.assert_array_equal(got, want)
+    # Trees cut at the cache end (max_len slots only) give the same tokens.
+    got, _ = run_toy(p, q, 4, shape, inputs=inputs, extra_slots=0, temperature=0.0)
+    np.testing.assert_array_equal(got, want)
+    if shape != (1, 1, 1) and shape[0] > 1:
+        assert int(np.asarray(st.rank_accepted)[..., 1:].sum()) > 0  # second children win too
+
+
+def test_eos_accepted_inside_the_tree_ends_the_row():
+    vocab, max_len = 6, 8
+    path = [3, 4, EOS, 5, 5, 5, 5, 5]
+    table = np.zeros((max_len, vocab, vocab, vocab), np.float32)
+    for t, y in enumerate(path):
+        table[t, ..., y] = 5.0
+    draft = table.copy()
+    draft[1, ..., 2] = 9.0  # the draft's first choice at position 1 is wrong, its second is 4
+    decodes, st = run_toy(table, draft, 2, (2, 2, 2), temperature=0.0)
+    np.testing.assert_array_equal(decodes, [[3, 4, EOS, 0, 0, 0, 0, 0]] * 2)
+    np.testing.assert_array_equal(st.num_iterations, [1, 1])
+    np.testing.assert_array_equal(st.num_generated, [3, 3])
+    np.testing.assert_array_equal(st.num_accepted, [3, 3])
+    np.testing.assert_array_equal(st.accept_histogram[:, 3], [1, 1])
+    np.testing.assert_array_equal(st.depth_accepted, [[1, 1, 1]] * 2)
+    np.testing.assert_array_equal(st.rank_accepted[0], [[1, 0], [0, 1], [1, 0]])
+    np.testing.assert_array_equal(st.rank_tested[0], [[1, 0], [1, 1], [1, 0]])
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (3, 1, 1)])
+def test_length_limit_is_never_exceeded(shape):
+    vocab, max_len = 6, 7
+    table = np.zeros((max_len, vocab, vocab, vocab), np.float32)
+    table[..., 4] = 5.0  # never EOS
+    for steps, extra_slots in [(None, None), (5, None), (2, 0), (0, None), (None, 0)]:
+        decodes, st = run_toy(
+            table, table, 2, shape, temperature=0.0, max_decode_steps=steps, extra_slots=extra_slots
+        )
+        n = max_len if steps is None else steps
+        np.testing.assert_array_equal(decodes, [[4] * n + [0] * (max_len - n)] * 2)
+        np.testing.assert_array_equal(st.num_generated, [n, n])
