@@ -14,6 +14,8 @@ Glossary (the paper's terms; p is always the target, q the draft):
 * beta (β): Σ_x min(p(x), q(x)), the acceptance probability of one position (Def. 3.1);
   alpha (α) = E[β] (Corollary 3.6).
 * c: cost of one draft step relative to one target step (measured by the eval job).
+* tree: per-depth branching factors of a draft token tree, e.g. (3, 2, 1); the target verifies
+  every node in one call (`tree`; `speculative_sample(tree=...)`). A chain of γ is (1,) * γ.
 
 Worked example of one iteration, γ = 3, 2 drafts accepted (buffer holds decoder inputs by absolute
 position; position 0 is the start token 0; `length` n counts valid positions)::

@@ -32,10 +32,13 @@ Argmax mode (temperature at or below `sampling.MIN_TEMPERATURE`) is the same for
 children are the draft's top-k tokens, the walk follows the child equal to the target's argmax and
 emits the argmax where none is (the bonus argmax at a leaf): the output is greedy decoding's.
 
-Why a module beside `speculative` rather than one loop for both: the chain loop keeps its random
-stream, its block verification and early exit, and pays no slot move; this loop gives a chain
-`(1,) * γ` the same tokens in argmax mode (tested) and the same distribution at T > 0 (another
-random stream).
+Why a loop beside `speculative`'s rather than one loop for both: folding the chain into this loop
+would change the chain's outputs at T > 0 (another random stream: one uniform per depth and rank,
+children drawn per depth) and add work to every chain iteration (the slot move, the tree's mask
+and key-position arrays, the per-rank walk), and the chain's block verification and early exit
+have no tree counterpart here. So `speculative.speculative_sample(tree=None)` runs the chain code
+unchanged, and `tree=(1,) * γ` runs this loop: the chain's tokens in argmax mode (tested on the T5
+network) and the same distribution at T > 0 with another random stream.
 
 Worked example, tree (2, 1), 2 accepted (start = n - 1 = 2, last token b at position 2)::
 
@@ -320,7 +323,7 @@ class TreeVerdict(flax.struct.PyTreeNode):
 
     Attributes:
       path: int32 [batch, D + 1] node index at depths 0..D of the accepted path (root 0; entries
-        past `n_accepted` repeat no meaning and are only ever moved into stale slots).
+        past `n_accepted` repeat the last accepted node and only ever reach stale slots).
       n_accepted: int32 [batch] accepted depth a (0..D).
       extra: int32 [batch] token emitted after the path (residual sample or bonus).
       depth_tested: bool [batch, D] a child test ran at depth d + 1.

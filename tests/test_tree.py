@@ -446,14 +446,21 @@ def kernel_env(request, monkeypatch):
     return request.param
 
 
-def test_tree_call_equals_calls_along_each_path(kernel_env):
+@pytest.mark.parametrize(
+    "kernel, scan_layers", [(True, False), (False, False), (True, True)], ids=str
+)
+def test_tree_call_equals_calls_along_each_path(monkeypatch, kernel, scan_layers):
     """Node i's logits from one tree call equal the last logits of an ordinary block call on its
-    path (root..i) at the same positions; after `move_slots` the cache is the path's cache."""
-    module = network.Transformer(tiny_config())
+    path (root..i) at the same positions; after `move_slots` the cache is the path's cache
+    (per-layer caches, and scanned layers' [layers, ...] leaves)."""
+    if not kernel:
+        monkeypatch.setenv(cpu_kernel.ENV_VAR, "0")
+    module = network.Transformer(tiny_config(scan_layers=scan_layers))
     params = init_params(module, 1)
     enc = encoder_inputs(3, ENC_LEN, [9, 5, 7])
-    step = model_steps.make_block_step(module, params, enc)
-    cache = model_steps.prepare_cache(module, params, enc, 24)
+    tree_step = model_steps.make_block_step(module, params, enc)
+    step = jax.jit(tree_step)  # the ordinary calls (one compile per block length)
+    cache = jax.jit(lambda p, e: model_steps.prepare_cache(module, p, e, 24))(params, enc)
     rng = np.random.RandomState(0)
     prefix = jnp.asarray(rng.randint(2, 32, (3, 6)), jnp.int32).at[:, 0].set(0)
     _, cache = step(prefix, jnp.zeros(3, jnp.int32), cache)
@@ -463,13 +470,15 @@ def test_tree_call_equals_calls_along_each_path(kernel_env):
     tokens = jnp.asarray(rng.randint(2, 32, (3, k)), jnp.int32)
     tokens = tokens.at[:, 0].set(prefix[jnp.arange(3), start])
     query = tree.TreeQuery(shape, tuple(range(k)))
-    logits, tree_cache = jax.jit(lambda t, s, c: step(t, s, c, tree=query))(tokens, start, cache)
+    logits, tree_cache = jax.jit(lambda t, s, c: tree_step(t, s, c, tree=query))(
+        tokens, start, cache
+    )
     for i in range(k):
         path = np.flatnonzero(shape.ancestors[i])  # root .. i
         want, _ = step(tokens[:, path], start, cache)
         np.testing.assert_allclose(logits[:, i], want[:, -1], atol=1e-5, err_msg=f"node {i}")
     paths = jnp.array([[0, 2, 5, 9], [0, 1, 3, 7], [0, 2, 6, 10]])
-    moved = step.move_slots(tree_cache, start, paths)
+    moved = jax.jit(tree_step.move_slots)(tree_cache, start, paths)
     _, chain_cache = step(jnp.take_along_axis(tokens, paths, 1), start, cache)
     nxt = jnp.array([[7], [8], [9]])
     got, _ = step(nxt, start + 4, moved)
@@ -561,3 +570,33 @@ def test_source_copy_draft_is_refused_with_trees():
             EOS,
             tree=(2, 2),
         )
+
+
+@pytest.mark.parametrize("rule", tree.TREE_RULES)
+def test_sampling_on_the_network_compiles_once_and_keeps_its_invariants(t5_pair, rule):
+    module, params, batch = t5_pair
+    draft = drafts.T5Draft(module, perturbed(params, 0.3, 2))
+    model = models.SpeculativeEncoderDecoderModel(module, draft)
+    traces = []
+
+    def decode(p, dp, b, rng):
+        traces.append(1)
+        decoder_params = {"tree": (2, 2), "tree_rule": rule, "temperature": 1.0}
+        return model.predict_batch_with_aux(p, b, rng, decoder_params, draft_params=dp)
+
+    fn = jax.jit(decode)
+    for seed in range(2):
+        decodes, aux = fn(params, draft.params, batch, jax.random.PRNGKey(seed))
+        st = aux["stats"]
+        decodes = np.asarray(decodes)
+        lengths = np.where(
+            (decodes == EOS).any(1), (decodes == EOS).argmax(1) + 1, MAX_LEN
+        )  # tokens up to EOS
+        np.testing.assert_array_equal(st.num_generated, lengths)
+        assert np.all(decodes[np.arange(MAX_LEN)[None] >= lengths[:, None]] == 0)
+        np.testing.assert_array_equal(st.accept_histogram.sum(1), st.num_iterations)
+        # Each call emits its accepted path and one more token, except a last call cut at EOS
+        # inside the path or at the length limit (one token fewer than that).
+        slack = np.asarray(st.num_iterations + st.num_accepted - st.num_generated)
+        assert np.all((slack == 0) | (slack == 1)), slack
+    assert len(traces) == 1
