@@ -115,7 +115,7 @@ def speculative_sample(
     verification: str = "token",
     draft_confidence_threshold: float = 0.0,
     tree: tuple[int, ...] | None = None,
-    tree_rule: str = "topk",
+    tree_rule: str = "without_replacement",
 ) -> tuple[Array, SpeculativeStats]:
     """Decodes with the target's exact output distribution, calling it once per γ + 1 tokens.
 
@@ -153,7 +153,7 @@ def speculative_sample(
         target's distribution exactly; argmax mode: greedy's tokens). Needs `tree.TreeStep`s
         (`steps.make_block_step` builds them), token verification and no early exit.
       tree_rule: the tree's acceptance rule at T > 0, one of `tree.TREE_RULES` ('topk': the
-        draft's top-k children as point masses; 'iid': SpecInfer; 'without_replacement':
+        draft's top-k children as point masses; 'iid': SpecInfer; 'without_replacement' (default):
         recursive speculative decoding).
 
     Returns:

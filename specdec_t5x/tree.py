@@ -28,6 +28,12 @@ a sample from r (at a leaf reached by acceptance: the bonus token from p).
   without replacement (Gumbel top-k), q_1 = q and q_{i+1} = q_i with x_i removed and renormalised;
   the residual uses q_i *before* removing x_i. Children beyond q's support do not exist.
 
+The default is 'without_replacement': on the toy pairs of tests/test_tree.py (trees (2, 2), (3, 1),
+(2, 2, 2) at T in {0.5, 1, 2}, top-k, top-p) it gave the most tokens per target call in most
+settings and 'iid' in the others (by little), while 'topk' trailed, the more so the higher T: a
+point mass is accepted with probability p(x), a sampled child with min(1, p(x) / q(x)). The DDTP
+measurements decide for real.
+
 Argmax mode (temperature at or below `sampling.MIN_TEMPERATURE`) is the same for every rule: the
 children are the draft's top-k tokens, the walk follows the child equal to the target's argmax and
 emits the argmax where none is (the bonus argmax at a leaf): the output is greedy decoding's.
@@ -528,7 +534,7 @@ def tree_sample(
     eos_id: int,
     *,
     tree,
-    tree_rule: str = "topk",
+    tree_rule: str = "without_replacement",
     decode_rng: Array | None = None,
     temperature: float = 1.0,
     topk: int = 0,
