@@ -600,3 +600,79 @@ def test_sampling_on_the_network_compiles_once_and_keeps_its_invariants(t5_pair,
         slack = np.asarray(st.num_iterations + st.num_accepted - st.num_generated)
         assert np.all((slack == 0) | (slack == 1)), slack
     assert len(traces) == 1
+
+
+def network_sequence_probs(module, params, enc, max_len, temperature):
+    """{decode tuple: probability} of the network's adjusted distribution for one source,
+    enumerated from teacher-forced logits of every prefix (vocabulary V, V**(max_len-1) rows)."""
+    from specdec_t5x import sampling
+
+    vocab = module.config.vocab_size
+    prefixes = np.array(list(itertools.product(range(vocab), repeat=max_len - 1)), np.int32)
+    inputs = np.concatenate([np.zeros((len(prefixes), 1), np.int32), prefixes], 1)  # [N, L]
+    logits = module.apply(
+        {"params": params},
+        jnp.broadcast_to(enc, (len(prefixes), enc.shape[1])),
+        jnp.asarray(inputs),
+        jnp.ones_like(jnp.asarray(inputs)),  # every position valid (token 0 is an output too)
+        enable_dropout=False,
+    )
+    probs = np.asarray(sampling.adjusted_probs(logits, temperature), np.float64)  # [N, L, V]
+    index = {tuple(row): i for i, row in enumerate(prefixes)}
+    out = {}
+    for seq in itertools.product(range(vocab), repeat=max_len):
+        prob, emitted = 1.0, []
+        for t, y in enumerate(seq):
+            prefix = tuple(emitted) + (0,) * (max_len - 1 - len(emitted))
+            prob *= probs[index[prefix], t, y]
+            emitted.append(y)
+            if y == EOS:
+                break
+        if seq[len(emitted) :] != (0,) * (max_len - len(emitted)):
+            continue
+        key = tuple(emitted) + (0,) * (max_len - len(emitted))
+        out[key] = out.get(key, 0.0) + prob
+    return out
+
+
+def sibling_visible_attention(query, start, cache_len):
+    """A deliberately wrong tree mask: every tree slot up to a node's own is visible (siblings and
+    cousins included), i.e. the position-addressed causal mask applied to slots."""
+    positions, att = RIGHT_ATTENTION(query, start, cache_len)
+    visible = jnp.arange(cache_len)[None, None, :] <= att.slots[:, :, None]
+    return positions, network.TreeAttention(att.slots, att.key_positions, visible)
+
+
+RIGHT_ATTENTION = tree.TreeQuery.attention
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mask", ["ancestors", "wrong"])
+def test_sampling_on_the_network_is_exact(monkeypatch, mask):
+    """Chi-square on the T5 network itself (vocabulary 8, 3 tokens: 8**3 outcomes), tree (2, 2)
+    at T = 1 with the default rule: the tree mask, positions, slot moves and cross-attention of
+    the real decoder at T > 0, checked against the teacher-forced distribution. With siblings
+    visible (`sibling_visible_attention`) the same test fails."""
+    if mask == "wrong":
+        monkeypatch.setattr(tree.TreeQuery, "attention", sibling_visible_attention)
+    module = network.Transformer(tiny_config(vocab_size=8))
+    params = init_params(module, 5)
+    draft = drafts.T5Draft(module, perturbed(params, 0.5, 6))
+    model = models.SpeculativeEncoderDecoderModel(module, draft)
+    n, max_len = 20000, 3
+    enc = encoder_inputs(1, 6, [6], vocab=8, seed=3)
+    batch = {
+        "encoder_input_tokens": jnp.broadcast_to(enc, (n, 6)),
+        "decoder_input_tokens": jnp.zeros((n, max_len), jnp.int32),
+    }
+    decodes, aux = jax.jit(
+        lambda p, dp, b: model.predict_batch_with_aux(
+            p, b, jax.random.PRNGKey(4), {"tree": (2, 2), "temperature": 1.0}, draft_params=dp
+        )
+    )(params, draft.params, batch)
+    st = aux["stats"]
+    assert 0 < int(st.num_accepted.sum()) < int(st.num_draft_tokens.sum())
+    assert int(np.asarray(st.rank_accepted)[..., 1].sum()) > 0
+    expected = network_sequence_probs(module, params, enc, max_len, 1.0)
+    pvalue = chi_square_pvalue(decodes, expected)
+    assert pvalue > 1e-3 if mask == "ancestors" else pvalue < 1e-3
