@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x import sampling, steps
+from specdec_t5x import tree as tree_lib  # `tree` is speculative_sample's argument
 from specdec_t5x import verification as verify
 
 Array = jax.Array
@@ -387,8 +388,6 @@ def speculative_sample(
 
 def _tree_sample(*args, gamma, verification, draft_confidence_threshold, tree, **kwargs):
     """`tree.tree_sample` after the checks of the arguments it does not take."""
-    from specdec_t5x import tree as tree_lib  # local: the tree module imports this one
-
     shape = tree_lib.parse_tree(tree)
     if gamma is not None and gamma != shape.max_depth:
         raise ValueError(
