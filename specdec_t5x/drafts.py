@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import cpu_kernel, network, sampling, steps
+from specdec_t5x import cpu_kernel, network, sampling, steps, tree
 
 Array = jax.Array
 
@@ -297,7 +297,7 @@ class UnigramDraft(Draft):
             shape = tokens.shape + params["log_probs"].shape  # [b, k, V]
             return jnp.broadcast_to(params["log_probs"], shape), cache
 
-        return step
+        return tree.stateless_step(step)  # also a `tree.TreeStep`: no context, nothing to move
 
 
 class BigramDraft(Draft):
@@ -338,7 +338,7 @@ class BigramDraft(Draft):
             probs = probs.at[bi, ki, ids].add(succ)  # add (not set): duplicate ids stay correct
             return jnp.log(probs), cache
 
-        return step
+        return tree.stateless_step(step)  # a `tree.TreeStep`: q depends on the token fed only
 
 
 def fit_ngram_drafts(

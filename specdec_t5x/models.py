@@ -430,24 +430,34 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
 
         Raises:
           ValueError: a feature missing from `batch` or not int token ids [batch, length]; no
-            `gamma` in `decoder_params` (nor in `default_decoder_params`) for the default decode
-            fn `speculative.speculative_sample`; bad γ or sampling settings (from the decode fn).
+            `gamma` (nor `tree`) in `decoder_params` (nor in `default_decoder_params`) for the
+            default decode fn `speculative.speculative_sample`; bad γ, tree or sampling settings
+            (from the decode fn).
         """
         _require(batch, "encoder_input_tokens", "decoder_input_tokens")
         kwargs = {**self.default_decoder_params, **dict(decoder_params or {})}
         from specdec_t5x import speculative
+        from specdec_t5x import tree as tree_lib
 
-        if "gamma" not in kwargs and self.decode_fn is speculative.speculative_sample:
+        tree = kwargs.get("tree")
+        if (
+            "gamma" not in kwargs
+            and tree is None
+            and self.decode_fn is speculative.speculative_sample
+        ):
             raise ValueError(
-                "speculative decoding needs gamma (draft tokens per iteration, an int >= 1): pass "
-                "decoder_params={'gamma': 5, ...}; the eval job's GAMMA sets it."
+                "speculative decoding needs gamma (draft tokens per iteration, an int >= 1) or a "
+                "tree: pass decoder_params={'gamma': 5, ...}; the eval job's GAMMA sets it."
             )
         enc = batch["encoder_input_tokens"]
         inputs = decoder_prompt_inputs(batch, self.eos_id, prompt_with_targets)
         if draft_params is None:
             draft_params = self.draft.params
+        # A token tree of K nodes needs K - 1 slots past max_decode_len to stay whole near the
+        # length limit (`tree.TreeStep.cache_slots`); the chain keeps max_decode_len.
+        extra_slots = 0 if tree is None else tree_lib.parse_tree(tree).num_nodes - 1
         (target_cache, target_step), (draft_cache, draft_step) = self.states(
-            params, draft_params, enc, inputs.shape[1]
+            params, draft_params, enc, inputs.shape[1] + extra_slots
         )
         decodes, stats = self.decode_fn(
             inputs,

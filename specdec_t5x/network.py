@@ -53,7 +53,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -73,6 +73,30 @@ MAX_DISTANCE = 128  # Relative distance mapped to the last bucket.
 # that cost ~0.015 ms of a ~0.5 ms embedded-target verify step at k = 3, while a one-row gather
 # (every k = 1 step's) runs inline. The rows are the same either way.
 FEW_TOKENS = 16
+
+
+class TreeAttention(NamedTuple):
+    """Where a cached decoder call's tokens live when they are nodes of a token tree (`tree`).
+
+    A position-addressed cache ties each slot to one position, so sibling nodes (same depth, same
+    position) would overwrite each other. In a tree call every token gets its own cache slot and
+    attends to an explicit set of slots (the prefix plus its ancestors); its position (for the
+    relative position bias) is the prefix length plus its depth. Built by
+    `tree.TreeQuery.attention`; without it a call writes token j at slot `decoder_positions[:, j]`
+    and attends causally (slots <= its position).
+
+    Attributes:
+      slots: int32 [batch, k] cache slot each token's self-attention K/V is written to (slots past
+        the cache end are dropped).
+      key_positions: int32 [batch, max_len] the decoder position of the entry in each cache slot
+        (relative position bias of every query against it).
+      visible: bool [batch, k, max_len] the cache slots each token attends to (itself included).
+    """
+
+    slots: Array
+    key_positions: Array
+    visible: Array
+
 
 # T5X initialisers: variance scaling, fan-in, truncated normal; embeddings N(0, 1).
 _kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
@@ -364,6 +388,7 @@ class MultiHeadAttention(nn.Module):
         enable_dropout: bool = False,
         cache_mode: str | None = None,
         query_positions: Array | None = None,
+        tree: TreeAttention | None = None,
     ) -> Array:
         """Attention output.
 
@@ -375,6 +400,8 @@ class MultiHeadAttention(nn.Module):
           enable_dropout: attention-probability dropout.
           cache_mode: None, 'self' or 'cross' (see class docstring).
           query_positions: int32 [batch, q_len] absolute positions (cache_mode='self').
+          tree: cache slots and visibility of token-tree queries (cache_mode='self'; see
+            `TreeAttention`); None: slot = position, causal mask.
 
         Returns:
           dtype [batch, q_len, emb].
@@ -419,7 +446,8 @@ class MultiHeadAttention(nn.Module):
                 max_len = cached_key.value.shape[2]
                 rows = jnp.arange(batch)[:, None, None]  # [b, 1, 1]
                 cols = jnp.arange(heads)[None, :, None]  # [1, h, 1]
-                at = (rows, cols, query_positions[:, None, :])  # -> [b, h, q]
+                slots = query_positions if tree is None else tree.slots  # [b, q]
+                at = (rows, cols, slots[:, None, :])  # -> [b, h, q]
                 # Write (not add) the k new entries at their absolute positions; positions past
                 # the cache end are dropped (the sampler never reads their outputs).
                 cached_key.value = cached_key.value.at[at].set(heads_first(key), mode="drop")
@@ -427,8 +455,12 @@ class MultiHeadAttention(nn.Module):
                 key, value = cached_key.value, cached_value.value  # [b, h, max_len, d]
                 kv = "bhkd"
                 key_positions = jnp.arange(max_len, dtype=jnp.int32)
-                # Causal by position: query at t sees cache slots <= t only.
-                mask = (key_positions[None, None, :] <= query_positions[:, :, None])[:, None]
+                # Causal by position: query at t sees cache slots <= t only (a tree query: the
+                # prefix and its ancestors, `TreeAttention.visible`).
+                if tree is None:
+                    mask = (key_positions[None, None, :] <= query_positions[:, :, None])[:, None]
+                else:
+                    mask = tree.visible[:, None]  # [b, 1, q, max_len]
             elif packed:
                 key, value, kv = heads_first(key), heads_first(value), "bhkd"
         if kv == "bhkd" and not packed:
@@ -545,7 +577,9 @@ class DecoderLayer(nn.Module):
     config: T5Config
 
     @nn.compact
-    def __call__(self, x, encoded, self_mask, cross_mask, bias, enable_dropout, decode, positions):
+    def __call__(
+        self, x, encoded, self_mask, cross_mask, bias, enable_dropout, decode, positions, tree=None
+    ):
         cfg = self.config
         drop = functools.partial(
             nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,)), deterministic=not enable_dropout
@@ -559,6 +593,7 @@ class DecoderLayer(nn.Module):
             enable_dropout=enable_dropout,
             cache_mode="self" if decode else None,
             query_positions=positions,
+            tree=tree,
         )
         x = x + drop(y)
         y = LayerNorm(cfg.dtype, cfg.layer_norm_epsilon, name="pre_cross_attention_layer_norm")(x)
@@ -646,6 +681,7 @@ class Decoder(nn.Module):
         decoder_positions=None,
         enable_dropout=True,
         decode=False,
+        tree=None,
     ):
         cfg = self.config
         initialising = decode and not self.has_variable("cache", _first_layer(cfg))
@@ -668,6 +704,8 @@ class Decoder(nn.Module):
                 (enc_valid.shape[0], 1, decoder_input_tokens.shape[1], enc_valid.shape[1]),
             )
             key_positions = jnp.arange(_cache_len(self), dtype=jnp.int32)[None]
+            if tree is not None:
+                key_positions = tree.key_positions  # [b, max_len]
         else:
             targets = (
                 decoder_input_tokens if decoder_target_tokens is None else decoder_target_tokens
@@ -700,6 +738,7 @@ class Decoder(nn.Module):
             enable_dropout,
             decode,
             positions,
+            tree if decode and not initialising else None,
         )
         norm_dtype = jnp.float32 if cfg.float32_final_logits else cfg.dtype
         x = LayerNorm(norm_dtype, cfg.layer_norm_epsilon, name="decoder_norm")(x)
@@ -796,6 +835,7 @@ class Transformer(nn.Module):
         enable_dropout: bool = True,
         decode: bool = False,
         max_decode_length: int | None = None,
+        tree: TreeAttention | None = None,
     ) -> Array:
         """Decoder logits (teacher-forced, or one cached block when `decode=True`).
 
@@ -817,6 +857,9 @@ class Transformer(nn.Module):
           decode: use/update the `'cache'` collection (apply with `mutable=['cache']`).
           max_decode_length: accepted for T5X compatibility; the cache length is the decoder input
             length of the cache-creating call.
+          tree: with `decode=True` and an existing cache, the tokens are nodes of a token tree:
+            their cache slots and visible slots (`TreeAttention`); `decoder_positions` then give
+            each node's position (prefix length + depth) for the relative position bias.
 
         Returns:
           float32 [batch, k, vocab]; row j is the next-token logits after the token at
@@ -842,6 +885,7 @@ class Transformer(nn.Module):
             decoder_positions,
             enable_dropout,
             decode,
+            tree,
         )
 
     def __call__(

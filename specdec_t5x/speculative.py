@@ -14,6 +14,8 @@ Glossary (the paper's terms; p is always the target, q the draft):
 * beta (β): Σ_x min(p(x), q(x)), the acceptance probability of one position (Def. 3.1);
   alpha (α) = E[β] (Corollary 3.6).
 * c: cost of one draft step relative to one target step (measured by the eval job).
+* tree: per-depth branching factors of a draft token tree, e.g. (3, 2, 1); the target verifies
+  every node in one call (`tree`; `speculative_sample(tree=...)`). A chain of γ is (1,) * γ.
 
 Worked example of one iteration, γ = 3, 2 drafts accepted (buffer holds decoder inputs by absolute
 position; position 0 is the start token 0; `length` n counts valid positions)::
@@ -39,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x import sampling, steps
+from specdec_t5x import tree as tree_lib  # `tree` is speculative_sample's argument
 from specdec_t5x import verification as verify
 
 Array = jax.Array
@@ -104,7 +107,7 @@ def speculative_sample(
     draft_tokens_to_logits: steps.BlockStep,
     eos_id: int,
     *,
-    gamma: int,
+    gamma: int | None = None,
     decode_rng: Array | None = None,
     temperature: float = 1.0,
     topk: int = 0,
@@ -112,6 +115,8 @@ def speculative_sample(
     max_decode_steps: int | None = None,
     verification: str = "token",
     draft_confidence_threshold: float = 0.0,
+    tree: tuple[int, ...] | None = None,
+    tree_rule: str = "without_replacement",
 ) -> tuple[Array, SpeculativeStats]:
     """Decodes with the target's exact output distribution, calling it once per γ + 1 tokens.
 
@@ -128,7 +133,7 @@ def speculative_sample(
       draft_cache: cache pytree of the draft closure.
       draft_tokens_to_logits: draft block step with the same contract and vocabulary size.
       eos_id: end-of-sequence id.
-      gamma: draft tokens per iteration (γ >= 1).
+      gamma: draft tokens per iteration (γ >= 1); with `tree`, None or the tree's depth.
       decode_rng: PRNG key (None: `PRNGKey(0)`); unused in argmax mode.
       temperature: static float (per-row arrays are refused); at or below
         `sampling.MIN_TEMPERATURE` is argmax mode (output tokens identical to greedy
@@ -144,16 +149,45 @@ def speculative_sample(
       draft_confidence_threshold: static early exit in [0, 1): a row stops drafting after the first
         draft whose distribution has max q below it (γ is then the maximum block length; the
         target scores only the longest row's block). 0 = off. Output distribution unchanged.
+      tree: None (the chain of γ drafts above) or per-depth branching factors of a draft token
+        tree, e.g. (3, 2, 1): `tree.tree_sample` verifies every node in one target call (the
+        target's distribution exactly; argmax mode: greedy's tokens). Needs `tree.TreeStep`s
+        (`steps.make_block_step` builds them), token verification and no early exit.
+      tree_rule: the tree's acceptance rule at T > 0, one of `tree.TREE_RULES` ('topk': the
+        draft's top-k children as point masses; 'iid': SpecInfer; 'without_replacement' (default):
+        recursive speculative decoding).
 
     Returns:
       decodes: int32 [batch, max_decode_len]: prompt, generated tokens, EOS, then zeros.
-      stats: `SpeculativeStats`.
+      stats: `SpeculativeStats` (with `tree`: `tree.TreeStats`, the same fields and per-depth and
+        per-rank acceptance).
 
     Raises:
       ValueError: γ < 1, unknown verification, threshold outside [0, 1), temperature < 0 or not a static number, topk < 0, topp outside [0, 1],
         topk and topp both set, target and draft vocabularies of different size, eos_id outside
-        the vocabulary, inputs not 2-D, or max_decode_steps outside [0, max_decode_len].
+        the vocabulary, inputs not 2-D, or max_decode_steps outside [0, max_decode_len]; with
+        `tree`: a bad shape or rule, γ other than None or the tree's depth, block verification,
+        early exit, or steps without tree support.
     """
+    if tree is not None:
+        return _tree_sample(
+            inputs,
+            target_cache,
+            target_tokens_to_logits,
+            draft_cache,
+            draft_tokens_to_logits,
+            eos_id,
+            gamma=gamma,
+            decode_rng=decode_rng,
+            temperature=temperature,
+            topk=topk,
+            topp=topp,
+            max_decode_steps=max_decode_steps,
+            verification=verification,
+            draft_confidence_threshold=draft_confidence_threshold,
+            tree=tree,
+            tree_rule=tree_rule,
+        )
     if not isinstance(gamma, int) or gamma < 1:
         hint = (
             " (γ = 'auto' is chosen outside jit: gamma_control.AutoGammaDecoder, or the eval job)"
@@ -350,6 +384,23 @@ def speculative_sample(
 
     final = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, init)
     return final.buffer[:, 1 : max_len + 1], final.stats
+
+
+def _tree_sample(*args, gamma, verification, draft_confidence_threshold, tree, **kwargs):
+    """`tree.tree_sample` after the checks of the arguments it does not take."""
+    shape = tree_lib.parse_tree(tree)
+    if gamma is not None and gamma != shape.max_depth:
+        raise ValueError(
+            f"gamma must be None or the tree's depth {shape.max_depth} with tree={tree!r}; got "
+            f"gamma={gamma!r}."
+        )
+    if verification != "token" or draft_confidence_threshold:
+        raise ValueError(
+            "tree speculation has its own verification (tree_rule) and no early exit; got "
+            f"verification={verification!r}, draft_confidence_threshold="
+            f"{draft_confidence_threshold!r}."
+        )
+    return tree_lib.tree_sample(*args, tree=shape, **kwargs)
 
 
 def _draft_block(draft_fn, propose, logits0, dc, n, rng, active, gamma, threshold):

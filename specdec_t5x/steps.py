@@ -15,6 +15,11 @@ The contract::
 decoder start token 0) and `logits[:, j]` is the distribution of the output token at that position.
 The cache is written at absolute positions, so entries beyond the valid prefix are stale but never
 read: a rejected draft costs nothing to roll back (the next call overwrites them).
+
+Tree speculation (`tree`) extends the contract: a step made here also takes `tree=` (a
+`tree.TreeQuery`, static: which nodes of a token tree `tokens` are) and has the attributes
+`move_slots` (`move_cache_slots`: the accepted path's entries to their positions) and
+`cache_slots` (`self_cache_len`); see `tree.TreeStep` for the whole contract.
 """
 
 from __future__ import annotations
@@ -308,9 +313,13 @@ def make_block_step(
 
     params = pack_params(module, params, cpu_weight_dtype)
 
-    def step(tokens: Array, positions: Array, cache) -> tuple[Array, Any]:
+    def step(tokens: Array, positions: Array, cache, tree=None) -> tuple[Array, Any]:
         k = tokens.shape[1]
-        token_positions = positions[:, None] + jnp.arange(k, dtype=jnp.int32)  # [b, k]
+        if tree is None:
+            token_positions = positions[:, None] + jnp.arange(k, dtype=jnp.int32)  # [b, k]
+            attention = None
+        else:  # token j is node tree.nodes[j] of a token tree rooted at position `positions`
+            token_positions, attention = tree.attention(positions, self_cache_len(cache))
         logits, variables = module.apply(
             {"params": params, "cache": cache},
             None,  # encoded: cross K/V are read from the cache
@@ -321,10 +330,68 @@ def make_block_step(
             decode=True,
             mutable=["cache"],
             method=module.decode,
+            tree=attention,
         )
         return logits, variables["cache"]
 
+    step.move_slots = move_cache_slots
+    step.cache_slots = self_cache_len
     return step
+
+
+def _is_self_attention_kv(path) -> bool:
+    names = [getattr(k, "key", getattr(k, "name", "")) for k in path]
+    return "self_attention" in names and names[-1] in ("cached_key", "cached_value")
+
+
+def self_cache_len(cache) -> int:
+    """max_len, the slots of a `network` cache's decoder self-attention (static).
+
+    Raises:
+      ValueError: the tree holds no `self_attention/cached_key` leaf.
+    """
+    for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]:
+        if _is_self_attention_kv(path):
+            return leaf.shape[-2]  # [(layers,) b, h, max_len, d]
+    raise ValueError("the cache holds no decoder self_attention/cached_key leaf.")
+
+
+def move_cache_slots(cache, start: Array, path: Array):
+    """Copies each row's accepted tree path into the position-addressed self-attention cache.
+
+    For every row b and d in 0..D: slot `start[b] + d` <- slot `start[b] + path[b, d]` of every
+    `self_attention/cached_{key,value}` leaf (all are read before any is written; slots past the
+    cache end are dropped). Afterwards the path's entries sit at their positions, so the next call
+    sees an ordinary cache (`tree`). Cross-attention leaves are unchanged.
+
+    Args:
+      cache: a `network` decode cache (`init_cache`), leaves [(layers,) batch, heads, max_len,
+        head_dim].
+      start: int32 [batch] the slot (= position) of each row's tree root.
+      path: int32 [batch, D + 1] node index (BFS order, root 0) at each depth of the kept path.
+
+    Returns:
+      The cache with the moved entries.
+    """
+    start = jnp.asarray(start, jnp.int32)
+    path = jnp.asarray(path, jnp.int32)
+
+    def move(kv, max_len):  # [b, h, max_len, d]
+        src = jnp.clip(start[:, None] + path, 0, max_len - 1)  # [b, D + 1]
+        dst = start[:, None] + jnp.arange(path.shape[1], dtype=jnp.int32)  # [b, D + 1]
+        rows = jnp.arange(kv.shape[0])[:, None, None]
+        heads = jnp.arange(kv.shape[1])[None, :, None]
+        moved = kv[rows, heads, src[:, None, :]]  # [b, h, D + 1, d]
+        return kv.at[rows, heads, dst[:, None, :]].set(moved, mode="drop")
+
+    def leaf(path_, kv):
+        if not _is_self_attention_kv(path_):
+            return kv
+        if kv.ndim == 5:  # scanned layers: [layers, b, h, max_len, d]
+            return jax.vmap(lambda x: move(x, kv.shape[-2]))(kv)
+        return move(kv, kv.shape[-2])
+
+    return jax.tree_util.tree_map_with_path(leaf, cache)
 
 
 def prepare_cache(
