@@ -150,7 +150,7 @@ def speculative_sample(
         draft whose distribution has max q below it (γ is then the maximum block length; the
         target scores only the longest row's block). 0 = off. Output distribution unchanged.
       tree: None (the chain of γ drafts above) or per-depth branching factors of a draft token
-        tree, e.g. (3, 2, 1): `tree.tree_sample` verifies every node in one target call (the
+        tree, e.g. (3, 2, 1): `tree_decoding.tree_sample` verifies every node in one target call (the
         target's distribution exactly; argmax mode: greedy's tokens). Needs `tree.TreeStep`s
         (`steps.make_block_step` builds them), token verification and no early exit.
       tree_rule: the tree's acceptance rule at T > 0, one of `tree.TREE_RULES` ('topk': the
@@ -387,7 +387,7 @@ def speculative_sample(
 
 
 def _tree_sample(*args, gamma, verification, draft_confidence_threshold, tree, **kwargs):
-    """`tree.tree_sample` after the checks of the arguments it does not take."""
+    """`tree_decoding.tree_sample` after the checks of the arguments it does not take."""
     shape = tree_lib.parse_tree(tree)
     if gamma is not None and gamma != shape.max_depth:
         raise ValueError(
@@ -400,7 +400,9 @@ def _tree_sample(*args, gamma, verification, draft_confidence_threshold, tree, *
             f"verification={verification!r}, draft_confidence_threshold="
             f"{draft_confidence_threshold!r}."
         )
-    return tree_lib.tree_sample(*args, tree=shape, **kwargs)
+    from specdec_t5x import tree_decoding  # local: it imports this module
+
+    return tree_decoding.tree_sample(*args, tree=shape, **kwargs)
 
 
 def _draft_block(draft_fn, propose, logits0, dc, n, rng, active, gamma, threshold):

@@ -10,7 +10,7 @@ import pytest
 from conftest import encoder_inputs, init_params, perturbed, tiny_config
 from test_speculative import EOS, chi_square_pvalue, exact_sequence_probs, random_tables
 
-from specdec_t5x import cpu_kernel, drafts, models, network, speculative, tree
+from specdec_t5x import cpu_kernel, drafts, models, network, speculative, tree, tree_decoding
 from specdec_t5x import steps as model_steps
 
 # ---------------------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ def test_a_wrong_residual_fails_the_distribution_test(monkeypatch):
     kwargs = dict(seed=5, temperature=1.0, tree_rule="iid", fresh=True)
     decodes, _ = run_toy(p, q, 20000, (3, 1), **kwargs)
     assert chi_square_pvalue(decodes, expected) > 1e-3
-    monkeypatch.setattr(tree, "residual_after_rejection", wrong_residual)
+    monkeypatch.setattr(tree_decoding, "residual_after_rejection", wrong_residual)
     decodes, _ = run_toy(p, q, 20000, (3, 1), **kwargs)
     assert chi_square_pvalue(decodes, expected) < 1e-3
 

@@ -1,0 +1,489 @@
+"""Tree speculation's acceptance rules, the walk down the tree and the decode loop.
+
+`tree` defines the shapes, the node layout and the tree call; this module proposes the children
+(`propose_children`), verifies a tree per row (`verify_tree`) and runs the loop (`tree_sample`).
+
+Acceptance rules (p = target, q = draft, both adjusted as in `sampling`; each keeps the target's
+distribution exactly, they differ in how often they accept). At a node with target distribution p
+and children x_1..x_k, r <- p, then for i = 1..k: accept x_i with min(1, r(x_i) / q_i(x_i)) and
+descend into it; on rejection r <- norm(max(r - q_i, 0)); if every child is rejected the node emits
+a sample from r (at a leaf reached by acceptance: the bonus token from p).
+
+* 'topk' (deterministic distinct children, the draft's top-k): q_i is the point mass on x_i, so
+  x_i is accepted with probability r(x_i) and a rejection sets r(x_i) = 0 and renormalises.
+* 'iid' (SpecInfer, Miao et al. 2023, "multi-step speculative sampling"): children i.i.d. from q,
+  q_i = q for every i.
+* 'without_replacement' (Jeon et al. 2024, "Recursive Speculative Decoding"): children drawn from q
+  without replacement (Gumbel top-k), q_1 = q and q_{i+1} = q_i with x_i removed and renormalised;
+  the residual uses q_i *before* removing x_i. Children beyond q's support do not exist.
+
+The default is 'without_replacement': on the toy pairs of tests/test_tree.py (trees (2, 2), (3, 1),
+(2, 2, 2) at T in {0.5, 1, 2}, top-k, top-p) it gave the most tokens per target call in most
+settings and 'iid' in the others (by little), while 'topk' trailed, the more so the higher T: a
+point mass is accepted with probability p(x), a sampled child with min(1, p(x) / q(x)). The DDTP
+measurements decide for real.
+
+Argmax mode (temperature at or below `sampling.MIN_TEMPERATURE`) is the same for every rule: the
+children are the draft's top-k tokens, the walk follows the child equal to the target's argmax and
+emits the argmax where none is (the bonus argmax at a leaf): the output is greedy decoding's.
+
+Why a loop beside `speculative`'s rather than one loop for both: folding the chain into this loop
+would change the chain's outputs at T > 0 (another random stream: one uniform per depth and rank,
+children drawn per depth) and add work to every chain iteration (the slot move, the tree's mask
+and key-position arrays, the per-rank walk), and the chain's block verification and early exit
+have no tree counterpart here. So `speculative.speculative_sample(tree=None)` runs the chain code
+unchanged, and `tree=(1,) * γ` runs this loop: the chain's tokens in argmax mode (tested on the T5
+network) and the same distribution at T > 0 with another random stream.
+
+Worked example, tree (2, 1), 2 accepted (start = n - 1 = 2, last token b at position 2)::
+
+  nodes:  0 = b (depth 0, slot 2); 1 = x, 2 = x' (depth 1, slots 3, 4, position 3);
+          3 = y (child of x), 4 = y' (child of x') (depth 2, slots 5, 6, position 4)
+  draft:  feed b@2 -> q_0, children x, x'; feed [x, x'] (tree call) -> q_1, q_2, children y, y'
+  verify: target on all 5 nodes at once (node 4 sees slots 0..2 and 4, 6) -> p_0..p_4
+  accept: x' (rank 1) after x was rejected, then y': path = [0, 2, 4], bonus t ~ p_4
+  move:   slot 3 <- slot 4, slot 4 <- slot 6; the caches now hold b, x', y' at positions 2..4;
+          buffer gets x', y', t at positions 3..5 and n = 6.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x import sampling, tree
+
+Array = jax.Array
+
+
+def propose_children(logits: Array, k: int, rule: str, greedy: bool, adjust, rng):
+    """The k children of each frontier node and the draft distribution q there.
+
+    Args:
+      logits: float32 [batch, n, vocab] draft logits at n frontier nodes.
+      k: children per node (static).
+      rule: one of `tree.TREE_RULES` (ignored in argmax mode).
+      greedy: argmax mode (children = the draft's top-k logits, q = None).
+      adjust: raw logits -> adjusted logits (`sampling.adjust_logits` with the run's settings).
+      rng: PRNG key (None in argmax mode).
+
+    Returns:
+      children int32 [batch, n, k] (rank order) and q float32 [batch, n, vocab] (None in argmax
+      mode).
+    """
+    if greedy:
+        return jax.lax.top_k(logits, k)[1].astype(jnp.int32), None
+    adjusted = adjust(logits)
+    q = jax.nn.softmax(adjusted, axis=-1)
+    if rule == "topk":
+        children = jax.lax.top_k(adjusted, k)[1]
+    elif rule == "iid":
+        u = jax.random.uniform(rng, (k,) + logits.shape[:-1])  # [k, b, n]
+        children = jnp.stack([sampling.inverse_cdf_sample(u[i], q) for i in range(k)], -1)
+    else:  # without replacement: Gumbel top-k = sequential draws from q without replacement
+        keys = jnp.log(q) + jax.random.gumbel(rng, q.shape)  # log 0 = -inf: never before support
+        children = jax.lax.top_k(keys, k)[1]
+    return children.astype(jnp.int32), q
+
+
+class TreeVerdict(flax.struct.PyTreeNode):
+    """Outcome of verifying one tree per row.
+
+    Attributes:
+      path: int32 [batch, D + 1] node index at depths 0..D of the accepted path (root 0; entries
+        past `n_accepted` repeat the last accepted node and only ever reach stale slots).
+      n_accepted: int32 [batch] accepted depth a (0..D).
+      extra: int32 [batch] token emitted after the path (residual sample or bonus).
+      depth_tested: bool [batch, D] a child test ran at depth d + 1.
+      rank_tested: bool [batch, D, k_max] child of rank i at depth d + 1 was tested.
+      rank_accepted: bool [batch, D, k_max] ... and accepted.
+      beta: float32 [batch, D] Σ_x min(p, q) at the node whose children depth d + 1 tested.
+    """
+
+    path: Array
+    n_accepted: Array
+    extra: Array
+    depth_tested: Array
+    rank_tested: Array
+    rank_accepted: Array
+    beta: Array
+
+
+def _normalised(r: Array, fallback: Array) -> Array:
+    mass = jnp.sum(r, axis=-1, keepdims=True)
+    return jnp.where(mass > 0, r / jnp.where(mass > 0, mass, 1.0), fallback)
+
+
+def residual_after_rejection(r: Array, q_i: Array) -> Array:
+    """norm(max(r - q_i, 0)), the target left after rejecting a child drawn from q_i (float32
+    [batch, vocab] each); r itself where nothing is left (r = q_i up to rounding)."""
+    return _normalised(jnp.maximum(r - q_i, 0.0), r)
+
+
+def verify_tree(
+    shape: tree.TreeShape,
+    tokens: Array,
+    valid: Array,
+    rule: str,
+    *,
+    target_argmax: Array | None = None,
+    p: Array | None = None,
+    q: Array | None = None,
+    rng: Array | None = None,
+) -> TreeVerdict:
+    """Walks each row's tree from the root: at each node test its children in rank order.
+
+    Args:
+      shape: the `tree.TreeShape` (static).
+      tokens: int32 [batch, K] node tokens (node 0 = the root, not tested).
+      valid: bool [batch, K] nodes that exist for the row (the tree is cut where its slots pass the
+        cache end; invalid nodes are never tested).
+      rule: one of `tree.TREE_RULES` (ignored in argmax mode).
+      target_argmax: int32 [batch, K] the target's argmax after each node (argmax mode).
+      p: float32 [batch, K, vocab] adjusted target distributions after each node (sampling).
+      q: float32 [batch, num_inner, vocab] adjusted draft distributions at the inner nodes, the
+        ones the children were drawn from (sampling).
+      rng: PRNG key (sampling): one uniform per depth and rank, and one for the extra token.
+
+    Returns:
+      `TreeVerdict`.
+    """
+    greedy = target_argmax is not None
+    batch = tokens.shape[0]
+    rows = jnp.arange(batch)
+    depth_max, k_max = shape.max_depth, max(shape.branching)
+    first_child = jnp.asarray(shape.first_child)
+    if not greedy:
+        u = jax.random.uniform(rng, (batch, depth_max * k_max + 1))
+    cur = jnp.zeros((batch,), jnp.int32)
+    alive = jnp.ones((batch,), bool)
+    path = [cur]
+    extra = jnp.zeros((batch,), jnp.int32)
+    r_final = None if greedy else jnp.zeros_like(p[:, 0])
+    depth_tested, rank_tested, rank_accepted, betas = [], [], [], []
+    for d in range(1, depth_max + 1):
+        k = shape.branching[d - 1]
+        first = first_child[cur]  # [b]
+        found = jnp.zeros((batch,), bool)
+        chosen = cur
+        tested_i, accepted_i = [], []
+        if greedy:
+            t = target_argmax[rows, cur]
+            betas.append((tokens[rows, first] == t).astype(jnp.float32))  # one-hot p and q
+            for i in range(k):
+                c = first + i
+                testing = alive & ~found & valid[rows, c]
+                ok = testing & (tokens[rows, c] == t)
+                chosen = jnp.where(ok, c, chosen)
+                found |= ok
+                tested_i.append(testing)
+                accepted_i.append(ok)
+            extra = jnp.where(alive & ~found, t, extra)
+        else:
+            r = p[rows, cur]  # [b, V]
+            q_node = q[rows, cur]  # [b, V]
+            betas.append(jnp.sum(jnp.minimum(r, q_node), axis=-1))
+            q_i = q_node
+            for i in range(k):
+                c = first + i
+                x = tokens[rows, c]
+                q_x = jnp.ones((batch,)) if rule == "topk" else q_i[rows, x]
+                testing = alive & ~found & valid[rows, c] & (q_x > 0)
+                ok = testing & (u[:, (d - 1) * k_max + i] * q_x < r[rows, x])
+                rejected = testing & ~ok
+                if rule == "topk":
+                    point = jax.nn.one_hot(x, r.shape[-1], dtype=r.dtype)
+                    r_next = residual_after_rejection(r, point)
+                else:
+                    r_next = residual_after_rejection(r, q_i)
+                r = jnp.where(rejected[:, None], r_next, r)
+                if rule == "without_replacement":  # q_{i+1}: q_i without x, renormalised
+                    removed = q_i * (jnp.arange(q_i.shape[-1]) != x[:, None])
+                    q_i = jnp.where(rejected[:, None], _normalised(removed, removed), q_i)
+                chosen = jnp.where(ok, c, chosen)
+                found |= ok
+                tested_i.append(testing)
+                accepted_i.append(ok)
+            r_final = jnp.where((alive & ~found)[:, None], r, r_final)
+        pad = [jnp.zeros((batch,), bool)] * (k_max - k)
+        rank_tested.append(jnp.stack(tested_i + pad, axis=1))
+        rank_accepted.append(jnp.stack(accepted_i + pad, axis=1))
+        depth_tested.append(jnp.any(rank_tested[-1], axis=1))
+        cur = jnp.where(found, chosen, cur)
+        alive &= found
+        path.append(cur)
+    # Rows that accepted a leaf: the bonus token after it.
+    if greedy:
+        extra = jnp.where(alive, target_argmax[rows, cur], extra)
+    else:
+        r_final = jnp.where(alive[:, None], p[rows, cur], r_final)
+        extra = sampling.inverse_cdf_sample(u[:, -1], r_final)
+    rank_accepted = jnp.stack(rank_accepted, axis=1)  # [b, D, k_max]
+    return TreeVerdict(
+        path=jnp.stack(path, axis=1),  # [b, D + 1]
+        n_accepted=jnp.sum(jnp.any(rank_accepted, axis=2), axis=1).astype(jnp.int32),
+        extra=extra,
+        depth_tested=jnp.stack(depth_tested, axis=1),
+        rank_tested=jnp.stack(rank_tested, axis=1),
+        rank_accepted=rank_accepted,
+        beta=jnp.stack(betas, axis=1),
+    )
+
+
+@flax.struct.dataclass
+class _LoopState:
+    """Carry of the tree loop (as `speculative._LoopState`): buffer int32 [batch, L + D + 2],
+    length int32 [batch], draft_behind bool [batch], done bool [batch], the caches, rng, stats."""
+
+    buffer: Array
+    length: Array
+    draft_behind: Array
+    done: Array
+    target_cache: Any
+    draft_cache: Any
+    rng: Array
+    stats: tree.TreeStats
+
+
+def tree_sample(
+    inputs: Array,
+    target_cache: Any,
+    target_tokens_to_logits: tree.TreeStep,
+    draft_cache: Any,
+    draft_tokens_to_logits: tree.TreeStep,
+    eos_id: int,
+    *,
+    tree,
+    tree_rule: str = "without_replacement",
+    decode_rng: Array | None = None,
+    temperature: float = 1.0,
+    topk: int = 0,
+    topp: float = 0.0,
+    max_decode_steps: int | None = None,
+) -> tuple[Array, tree.TreeStats]:
+    """Decodes with the target's exact output distribution, verifying a draft tree per call.
+
+    Reached through `speculative.speculative_sample(tree=...)`; arguments as there. One iteration
+    per row: the draft expands the tree depth by depth (one call per depth, the frontier's nodes as
+    its M rows), the target scores all K nodes in one call, `verify_tree` picks the accepted path,
+    the path and the extra token are emitted (cut at EOS and at the row's length limit), and the
+    path's cache entries are moved to their positions. Each row has its own path; no shape
+    depends on it (one compilation), and nothing leaves the device inside the loop.
+
+    Args:
+      inputs: int32 [batch, max_decode_len] (T5X semantics: zeros, or a forced prompt after the
+        start slot).
+      target_cache, draft_cache: the steps' caches, at least max_decode_len slots each (nodes
+        whose slot start + i passes either cache's end are cut, see `tree.TreeStep.cache_slots`; give
+        them max_decode_len + K - 1 slots to keep every tree whole).
+      target_tokens_to_logits, draft_tokens_to_logits: `tree.TreeStep`s.
+      eos_id: end-of-sequence id.
+      tree: per-depth branching factors (e.g. (3, 2, 1)) or a `tree.TreeShape`.
+      tree_rule: acceptance rule at T > 0, one of `tree.TREE_RULES`.
+      decode_rng, temperature, topk, topp, max_decode_steps: as `speculative.speculative_sample`.
+
+    Returns:
+      decodes int32 [batch, max_decode_len] and `tree.TreeStats`.
+
+    Raises:
+      ValueError: a bad tree, rule, step, sampling setting, vocabulary or limit.
+    """
+    from specdec_t5x import speculative  # the chain module owns the shared checks
+
+    shape = tree.parse_tree(tree)
+    if tree_rule not in tree.TREE_RULES:
+        raise ValueError(
+            f"tree_rule must be one of {tree.TREE_RULES}; got tree_rule={tree_rule!r}."
+        )
+    tree.check_tree_step(target_tokens_to_logits, "target")
+    tree.check_tree_step(draft_tokens_to_logits, "draft")
+    if not isinstance(temperature, int | float):
+        raise ValueError(f"temperature must be a static Python number; got {type(temperature)}.")
+    sampling.validate(temperature, topk, topp)
+    if inputs.ndim != 2:
+        raise ValueError(f"inputs must be int32 [batch, max_decode_len]; got shape {inputs.shape}.")
+    batch, max_len = inputs.shape
+    if isinstance(max_decode_steps, int | np.integer) and not 0 <= max_decode_steps <= max_len:
+        raise ValueError(
+            f"max_decode_steps must be in [0, max_decode_len={max_len}]; got {max_decode_steps}."
+        )
+    speculative._check_vocab(
+        target_tokens_to_logits, target_cache, draft_tokens_to_logits, draft_cache, batch, eos_id
+    )
+    greedy = sampling.is_greedy(temperature)
+    if decode_rng is None:
+        decode_rng = jax.random.PRNGKey(0)
+    depth_max, k_max, num_nodes = shape.max_depth, max(shape.branching), shape.num_nodes
+    all_nodes = tree.TreeQuery(shape, tuple(range(num_nodes)))
+    cache_slots = min(
+        target_tokens_to_logits.cache_slots(target_cache),
+        draft_tokens_to_logits.cache_slots(draft_cache),
+    )
+    if cache_slots < max_len:
+        raise ValueError(
+            f"the caches hold {cache_slots} decoder slots; tree speculation needs at least "
+            f"max_decode_len={max_len} (max_decode_len + {num_nodes - 1} keeps trees whole)."
+        )
+
+    prompt_len = jnp.sum(jnp.cumprod(inputs[:, 1:] != 0, axis=1), axis=1).astype(jnp.int32)
+    limit = jnp.full((batch,), max_len, jnp.int32)
+    if max_decode_steps is not None:
+        limit = jnp.minimum(limit, prompt_len + jnp.asarray(max_decode_steps, jnp.int32))
+    keep = jnp.arange(max_len)[None, :] <= prompt_len[:, None]
+    buffer = jnp.where(keep, inputs, 0).at[:, 0].set(0)
+    buffer = jnp.pad(buffer, ((0, 0), (0, depth_max + 2)))  # [b, L] -> [b, L + D + 2]
+    length = 1 + prompt_len
+
+    def prefill(caches):
+        zeros = jnp.zeros((batch,), jnp.int32)
+        tc = target_tokens_to_logits(buffer[:, :max_len], zeros, caches[0])[1]
+        dc = draft_tokens_to_logits(buffer[:, :max_len], zeros, caches[1])[1]
+        return tc, dc
+
+    target_cache, draft_cache = jax.lax.cond(
+        jnp.any(prompt_len > 0), prefill, lambda c: c, (target_cache, draft_cache)
+    )
+    zeros = lambda *s: jnp.zeros((batch,) + s, jnp.int32)
+    init = _LoopState(
+        buffer=buffer,
+        length=length,
+        draft_behind=jnp.zeros((batch,), bool),
+        done=length - 1 >= limit,
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+        rng=decode_rng,
+        stats=tree.TreeStats(
+            num_iterations=zeros(),
+            num_draft_tokens=zeros(),
+            num_accepted=zeros(),
+            accept_histogram=zeros(depth_max + 1),
+            beta_sum=jnp.zeros((batch,), jnp.float32),
+            num_beta=zeros(),
+            num_generated=zeros(),
+            num_proposed=zeros(),
+            depth_tested=zeros(depth_max),
+            depth_accepted=zeros(depth_max),
+            rank_tested=zeros(depth_max, k_max),
+            rank_accepted=zeros(depth_max, k_max),
+        ),
+    )
+    adjust = lambda logits: sampling.adjust_logits(logits, temperature, topk, topp)
+
+    def body(state: _LoopState) -> _LoopState:
+        if greedy:
+            rng, draft_rng, verify_rng = state.rng, None, None
+        else:
+            rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
+        n, active = state.length, ~state.done
+        start = n - 1  # the root: the last emitted token, at position (and slot) n - 1
+        rows = jnp.arange(batch)
+        last = state.buffer[rows, start]
+
+        # 1. Draft: the root's logits (a plain call; rows behind also feed the previous leaf),
+        # then one tree call per depth whose frontier nodes are its M rows.
+        def one_token(dc):
+            logits, dc = draft_tokens_to_logits(last[:, None], start, dc)
+            return logits[:, 0], dc
+
+        def two_tokens(dc):
+            behind = state.draft_behind
+            prev = state.buffer[rows, jnp.maximum(n - 2, 0)]
+            pair = jnp.stack([jnp.where(behind, prev, last), last], axis=1)  # [b, 2]
+            logits, dc = draft_tokens_to_logits(pair, start - behind, dc)
+            return jnp.where(behind[:, None], logits[:, 1], logits[:, 0]), dc
+
+        root_logits, dc = jax.lax.cond(
+            jnp.any(state.draft_behind & active), two_tokens, one_token, state.draft_cache
+        )
+        depth_rngs = [None] * depth_max if greedy else list(jax.random.split(draft_rng, depth_max))
+        frontier_logits = root_logits[:, None]  # [b, 1, V]
+        tokens, q_parts = [last[:, None]], []
+        for d in range(depth_max):
+            if d > 0:
+                query = tree.TreeQuery(shape, shape.nodes_at(d))
+                frontier_logits, dc = draft_tokens_to_logits(tokens[-1], start, dc, tree=query)
+            children, q_d = propose_children(
+                frontier_logits, shape.branching[d], tree_rule, greedy, adjust, depth_rngs[d]
+            )
+            tokens.append(children.reshape(batch, -1))  # [b, n_d, k] -> [b, n_{d+1}]
+            q_parts.append(q_d)
+        tokens = jnp.concatenate(tokens, axis=1)  # [b, K] breadth first
+        valid = jnp.arange(num_nodes)[None] < (cache_slots - start)[:, None]  # slot in cache
+
+        # 2. One target call on every node.
+        target_logits, tc = target_tokens_to_logits(
+            tokens, start, state.target_cache, tree=all_nodes
+        )
+
+        # 3. Verification: the accepted path and the extra token.
+        if greedy:
+            verdict = verify_tree(
+                shape, tokens, valid, tree_rule, target_argmax=sampling.first_argmax(target_logits)
+            )
+        else:
+            p = jax.nn.softmax(adjust(target_logits), axis=-1)  # [b, K, V]
+            q = jnp.concatenate(q_parts, axis=1)  # [b, num_inner, V]
+            verdict = verify_tree(shape, tokens, valid, tree_rule, p=p, q=q, rng=verify_rng)
+        a = verdict.n_accepted
+
+        # 4. Emit the path's tokens and the extra token; cut at EOS and at the length limit.
+        slots = jnp.arange(depth_max + 1)
+        path_tokens = jnp.take_along_axis(tokens, verdict.path[:, 1:], axis=1)  # [b, D]
+        new_tokens = jnp.pad(path_tokens, ((0, 0), (0, 1)))
+        new_tokens = jnp.where(slots == a[:, None], verdict.extra[:, None], new_tokens)
+        is_eos = (new_tokens == eos_id) & (slots <= a[:, None])
+        first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), depth_max + 1)
+        num_new = jnp.minimum(jnp.minimum(a + 1, first_eos + 1), limit - start)
+        num_new = jnp.where(active, num_new, 0)
+
+        def write(row_buffer, row_new, at, count):
+            window = jax.lax.dynamic_slice(row_buffer, (at,), (depth_max + 1,))
+            window = jnp.where(slots < count, row_new, window)
+            return jax.lax.dynamic_update_slice(row_buffer, window, (at,))
+
+        buffer = jax.vmap(write)(state.buffer, new_tokens, n, num_new)
+        new_length = n + num_new
+        ended = active & ((first_eos < num_new) | (new_length - 1 >= limit))
+
+        # 5. The accepted path's cache entries to positions start..start + a (both caches).
+        tc = target_tokens_to_logits.move_slots(tc, start, verdict.path)
+        dc = draft_tokens_to_logits.move_slots(dc, start, verdict.path)
+
+        # 6. Statistics (depth d counts when d <= num_new: tokens past EOS / the limit do not).
+        counted = jnp.arange(1, depth_max + 1)[None] <= num_new[:, None]  # [b, D]
+        tested = verdict.depth_tested & counted
+        accepted = tested & (jnp.arange(1, depth_max + 1)[None] <= a[:, None])
+        n_acc = jnp.sum(accepted, axis=1)
+        s = state.stats
+        stats = tree.TreeStats(
+            num_iterations=s.num_iterations + active,
+            num_draft_tokens=s.num_draft_tokens + jnp.sum(tested, 1),
+            num_accepted=s.num_accepted + n_acc,
+            accept_histogram=s.accept_histogram
+            + jax.nn.one_hot(n_acc, depth_max + 1, dtype=jnp.int32) * active[:, None],
+            beta_sum=s.beta_sum + jnp.sum(jnp.where(tested, verdict.beta, 0.0), 1),
+            num_beta=s.num_beta + jnp.sum(tested, 1),
+            num_generated=s.num_generated + num_new,
+            num_proposed=s.num_proposed + jnp.where(active, jnp.sum(valid, 1) - 1, 0),
+            depth_tested=s.depth_tested + tested,
+            depth_accepted=s.depth_accepted + accepted,
+            rank_tested=s.rank_tested + (verdict.rank_tested & counted[..., None]),
+            rank_accepted=s.rank_accepted + (verdict.rank_accepted & counted[..., None]),
+        )
+        return _LoopState(
+            buffer=buffer,
+            length=new_length,
+            draft_behind=active & (a == depth_max),
+            done=state.done | ended,
+            target_cache=tc,
+            draft_cache=dc,
+            rng=rng,
+            stats=stats,
+        )
+
+    final = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, init)
+    return final.buffer[:, 1 : max_len + 1], final.stats
