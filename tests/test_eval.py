@@ -50,11 +50,15 @@ def configs(
     diagnostics=False,
     auto_gamma_max=6,
     draft_name="draft",
+    trees=None,
+    tree_rule="without_replacement",
 ):
     """`job.evaluate`'s config objects from one flat set of keywords (the tests' shorthand)."""
     return {
         "data": config.DataConfig(task, "test", num_examples, batch_size, input_len, target_len),
-        "speculation": config.SpeculationConfig(gamma, gammas, auto_gamma_max, draft_name),
+        "speculation": config.SpeculationConfig(
+            gamma, gammas, auto_gamma_max, draft_name, trees, tree_rule
+        ),
         "sampling_settings": sampling.SamplingSettings(temperature, topk, topp),
         "measure": config.MeasureConfig(seed, cost_repeats, loop_costs, diagnostics),
     }
@@ -603,3 +607,27 @@ def test_provenance_footer_names_each_commits_rows(tmp_path):
     assert "- sum_t0, sum_t1: commit `bbb`, 2026-01-02 to 2026-01-03; cpu of sum_t0." in footer
     with pytest.raises(ValueError, match="at least one"):
         tables.provenance_footer([])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_tree_rows_beside_the_chain(tiny_pair, data_dir, tmp_path, temperature):
+    """TREES adds token-tree rows, timed interleaved with the chain: greedy's tokens at T = 0,
+    their acceptance per depth and rank, and a table row each."""
+    out = tmp_path / "out"
+    metrics = _evaluate_tiny(
+        tiny_pair, out, gamma=2, trees=[(2, 2)], temperature=temperature, num_examples=2,
+        cost_repeats=2, loop_costs=False,
+    )  # fmt: skip
+    row = metrics["tree_sweep"]["tree(2,2)"]
+    assert row["tokens_per_iteration"] >= 1.0 and len(row["depth_acceptance"]) == 2
+    assert len(row["rank_acceptance"]) == 2 and len(row["accept_histogram"]) == 3
+    if temperature == 0.0:
+        assert row["identical_fraction"] == 1.0  # greedy's tokens
+    else:
+        assert row["speedup_vs_t5x_sampler"] > 0
+    table = (out / "table_row.md").read_text()
+    assert "| tree(2,2) |" in table
+    with pytest.raises(ValueError, match="TREES: bad tree"):
+        configs(gamma=1, trees=[(0, 2)])
+    with pytest.raises(ValueError, match="TREE_RULE"):
+        configs(gamma=1, trees=[(2,)], tree_rule="best")

@@ -46,6 +46,7 @@ commonly overridden macros (gin/runs/eval.gin):
   INPUT_LEN        encoder length (64)             TARGET_LEN    max decode length (64)
   SPLIT            task split ('test')             SEED          sampling seed (0)
   LOOP_COSTS       c from the run's own calls (True)  DIAGNOSTICS  where the time goes (False)
+  TREES            token-tree rows, e.g. "[(2, 2), (3, 2, 1)]"   TREE_RULE  at T > 0
 """
 
 QUICK_GIN = "gin/runs/quick.gin"
@@ -69,7 +70,8 @@ PER_CALL_PARAMETERS = [
     ),
 ]
 PER_CALL_ROUTE = (
-    "the GAMMA / TEMPERATURE / TOPK / TOPP / SEED / TARGET_LEN macros (e.g. --gin.GAMMA=3); every "
+    "the GAMMA / TREES / TREE_RULE / TEMPERATURE / TOPK / TOPP / SEED / TARGET_LEN macros (e.g. "
+    "--gin.GAMMA=3); every "
     "row verifies token by token without early exit (block verification and early exit: "
     "scripts/gamma_compare.py)"
 )

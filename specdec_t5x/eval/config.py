@@ -66,12 +66,17 @@ class SpeculationConfig:
       gammas: extra rows of the speedup-vs-γ sweep (ints >= 1; 'auto' adds an auto row).
       auto_gamma_max: largest γ auto considers.
       draft_name: label of the draft in tables.
+      trees: extra rows with token trees, each its per-depth branching factors (e.g.
+        [(2, 2), (3, 2, 1)]; `tree.parse_tree`), verified in one target call per iteration.
+      tree_rule: the trees' acceptance rule at T > 0 (`tree.TREE_RULES`).
     """
 
     gamma: int | str
     gammas: Sequence[int | str] | None = None
     auto_gamma_max: int = 6
     draft_name: str = "draft"
+    trees: Sequence[Sequence[int]] | None = None
+    tree_rule: str = "without_replacement"
 
     def __post_init__(self):
         requested = [self.gamma, *(self.gammas or ())]
@@ -87,11 +92,28 @@ class SpeculationConfig:
                 "(γ 0)."
             )
         _check_int(self.auto_gamma_max, "auto_gamma_max", "AUTO_GAMMA_MAX", 1)
+        from specdec_t5x import tree  # local: imports the network
+
+        for shape in self.trees or ():
+            try:
+                tree.parse_tree(tuple(shape))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"TREES: bad tree {shape!r}: {err}") from None
+        if self.tree_rule not in tree.TREE_RULES:
+            raise ValueError(
+                f"tree_rule (gin: TREE_RULE) must be one of {tree.TREE_RULES}; got "
+                f"{self.tree_rule!r}."
+            )
 
     @property
     def auto(self) -> bool:
         """Whether an auto-γ row runs (headline or sweep)."""
         return "auto" in [self.gamma, *(self.gammas or ())]
+
+    @property
+    def tree_rows(self) -> dict[str, tuple[int, ...]]:
+        """{row name, e.g. 'tree(3,2,1)': branching factors} of the tree rows."""
+        return {f"tree({','.join(map(str, s))})": tuple(s) for s in self.trees or ()}
 
     @property
     def fixed_gammas(self) -> list[int]:

@@ -190,6 +190,10 @@ def evaluate(
                     settings,
                     rows_per_call=[n for n, _ in batches],
                 )
+                if speculation.trees:
+                    flat["tree_sweep"] = summary.tree_rows(
+                        runs, list(speculation.tree_rows), gammas[0] if gamma == "auto" else gamma
+                    )
                 if speculation.auto:
                     quality_args = (seqio_task, vocabulary, examples, eos_id)
                     summary.add_auto_row(flat, runs, choices, gamma == "auto", quality_args)
@@ -311,6 +315,9 @@ def _decoders(spec_model, target_params, draft_params, settings, speculation, me
         g: costs.speculative_fn(spec_model, {**settings, "gamma": g})
         for g in speculation.fixed_gammas
     }
+    for name, shape in speculation.tree_rows.items():  # one target call per tree per iteration
+        params = {**settings, "tree": shape, "tree_rule": speculation.tree_rule}
+        fns["spec_fns"][name] = costs.speculative_fn(spec_model, params)
     fns["cost_calls"] = (
         costs.RunCostCalls(spec_model, baseline, settings, costs_gamma)
         if measure.loop_costs

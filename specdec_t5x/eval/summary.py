@@ -235,6 +235,57 @@ def summarise(
     }
 
 
+def tree_rows(runs, names: Sequence[str], headline) -> dict[str, dict[str, Any]]:
+    """The tree rows of the sweep: speed, tokens per target call, acceptance per depth and rank.
+
+    Args:
+      runs: the job's {'baseline' | γ | tree name: Run}; names: the tree rows' names;
+      headline: the headline γ (its tokens per target call is the chain's to beat).
+
+    Returns:
+      {name: {'speedup', 'speedup_vs_t5x_sampler' (T > 0), 'tokens_per_iteration', 'alpha_beta'
+      (Corollary 3.6 over the tested depths' nodes), 'depth_acceptance' [D], 'rank_acceptance'
+      [k_max] (accepted / tested over the run), 'accept_histogram' [D + 1], 'target_calls',
+      'identical_fraction', 'tokens_per_call_over_chain'}}.
+    """
+    base = runs["baseline"]
+    chain = runs[headline]
+
+    def total(run, field):
+        return np.sum([np.asarray(getattr(s, field)) for s in run.stats], axis=0)
+
+    chain_tpc = float(total(chain, "num_generated") / max(total(chain, "num_iterations"), 1))
+    out = {}
+    for name in names:
+        run = runs[name]
+        seconds = float(np.sum(run.seconds))
+        generated, calls = total(run, "num_generated"), total(run, "num_iterations")
+        ratio = lambda a, b: (a / np.maximum(b, 1)).tolist()  # noqa: E731
+        row = {
+            "speedup": float(np.sum(base.seconds)) / seconds,
+            "tokens_per_iteration": float(generated / max(calls, 1)),
+            "alpha_beta": float(
+                theory.alpha_from_beta(total(run, "beta_sum"), total(run, "num_beta"))
+            ),
+            "depth_acceptance": ratio(total(run, "depth_accepted"), total(run, "depth_tested")),
+            "rank_acceptance": ratio(
+                total(run, "rank_accepted").sum(0), total(run, "rank_tested").sum(0)
+            ),
+            "accept_histogram": [int(x) for x in total(run, "accept_histogram")],
+            "target_calls": int(calls),
+            "identical_fraction": float(
+                np.mean(
+                    [np.array_equal(a, b) for a, b in zip(base.tokens, run.tokens, strict=True)]
+                )
+            ),
+        }
+        row["tokens_per_call_over_chain"] = row["tokens_per_iteration"] / chain_tpc
+        if "baseline_t5x" in runs:
+            row["speedup_vs_t5x_sampler"] = float(np.sum(runs["baseline_t5x"].seconds)) / seconds
+        out[name] = row
+    return out
+
+
 # `metrics.json`'s top level: each flat key of the job's record goes in one group (keys no group
 # names go in 'other'). `flat` undoes it, so tables read old (flat) and new records alike.
 GROUPS = {
@@ -296,7 +347,7 @@ GROUPS = {
     ),
     "provenance": ("command", "commit", "hardware", "date", "switches", "resumed"),
 }
-NESTED = ("quality", "gamma_sweep", "auto", "diagnostics")  # kept as they are
+NESTED = ("quality", "gamma_sweep", "tree_sweep", "auto", "diagnostics")  # kept as they are
 _GROUP_OF = {key: group for group, keys in GROUPS.items() for key in keys}
 
 

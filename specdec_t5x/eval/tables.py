@@ -65,6 +65,7 @@ def _cells(m: dict[str, Any]) -> dict[str, str]:
     elif not greedy:
         speed += T5X_SAMPLER_MARK
     predicted = m.get("predicted_speedup") if auto else m.get("predicted_speedup_measured_verify")
+    tree = str(m["gamma"]).startswith("tree(")  # Theorem 3.8 and the chain's verify/step: n/a
     return {
         "task": m["task"],
         "draft": m["draft"],
@@ -72,10 +73,10 @@ def _cells(m: dict[str, Any]) -> dict[str, str]:
         "γ": f"auto ({auto_choices(m)})" if auto else str(m["gamma"]),
         "α": m["alpha_display"] if auto else f"{m['alpha_beta']:.2f}",
         "c": f"n/a (degenerate: {'; '.join(bad)})" if bad else c_cell(m),
-        "verify/step": "n/a" if bad else f"{m['verify_cost_ratio']:.2f}",
+        "verify/step": "–" if tree else "n/a" if bad else f"{m['verify_cost_ratio']:.2f}",
         "tokens": _fmt(m["tokens_per_iteration"]),
         "speed": speed,
-        "predicted": "n/a" if bad else _fmt(predicted, ".2f", "X"),
+        "predicted": "–" if tree else "n/a" if bad else _fmt(predicted, ".2f", "X"),
         "identical": _fmt(m["identical_fraction"]),
     }
 
@@ -147,10 +148,21 @@ def auto_row_record(m: dict[str, Any]) -> dict[str, Any] | None:
     return {**m["auto"], **{k: m[k] for k in keys if k in m}}
 
 
+def tree_row_records(m: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tree rows of a run whose sweep had trees, as flat records (γ column: the tree)."""
+    m = summary.flat(m)
+    keys = ("task", "draft", "temperature", "c_measured", "c_alone", "step_costs", "gamma_sweep")
+    return [
+        {**row, "gamma": name, **{k: m[k] for k in keys if k in m}}
+        for name, row in (m.get("tree_sweep") or {}).items()
+    ]
+
+
 def rows(m: dict[str, Any], row=table_row) -> list[str]:
-    """A record's rows: its own, then its sweep's auto-γ row if it had one."""
+    """A record's rows: its own, its sweep's tree rows, then its auto-γ row if it had them."""
     auto = auto_row_record(m)
-    return [row(m)] + ([] if auto is None else [row(auto)])
+    trees = [row(t) for t in tree_row_records(m)]
+    return [row(m), *trees] + ([] if auto is None else [row(auto)])
 
 
 def results_table(metrics_files: Sequence[str | os.PathLike]) -> str:
