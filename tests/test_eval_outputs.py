@@ -76,6 +76,11 @@ def test_a_degenerate_cost_measurement_is_flagged_not_printed(overrides, reason)
 def test_a_sound_cost_measurement_prints_its_numbers():
     record = _record()
     assert costs.degenerate(record["step_costs"], 2) == []
+    # A cap within timing noise (a nearly free draft) is not degenerate.
+    assert (
+        costs.degenerate({**record["step_costs"], "verify_capped": True, "verify_only_ms": 1.61}, 2)
+        == []
+    )
     row = tables.table_row(record)
     assert "n/a" not in row and "| 0.200 | 1.20 | 1.70 | 1.10X | 1.30X | 1.00 |" in row
 

@@ -38,15 +38,12 @@ def _fmt(x, spec: str = ".2f", unit: str = "") -> str:
 
 
 def degenerate(m: dict[str, Any]) -> list[str]:
-    """Why this record's cost measurement is not a cost (`eval.costs.degenerate`; [] if sound).
-
-    Records written before the check existed are checked here, from their step costs.
+    """Why this record's cost measurement is not a cost (`eval.costs.degenerate`; [] if sound),
+    checked from its step costs with today's rule (also for records written before the check).
     """
     from specdec_t5x.eval import costs as costs_lib
 
     step_costs = m.get("step_costs") or {}
-    if "degenerate" in step_costs:
-        return list(step_costs["degenerate"])
     gamma = m["gamma"] if isinstance(m.get("gamma"), int) else max(map(int, m["gamma_sweep"]))
     measured = {"c": m.get("c_measured"), "verify_cost_ratio": m.get("verify_cost_ratio")}
     return costs_lib.degenerate({**step_costs, **measured}, gamma)
