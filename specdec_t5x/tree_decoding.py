@@ -55,7 +55,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import sampling, tree
+from specdec_t5x import sampling
+from specdec_t5x import tree as tree_lib
 
 Array = jax.Array
 
@@ -66,7 +67,7 @@ def propose_children(logits: Array, k: int, rule: str, greedy: bool, adjust, rng
     Args:
       logits: float32 [batch, n, vocab] draft logits at n frontier nodes.
       k: children per node (static).
-      rule: one of `tree.TREE_RULES` (ignored in argmax mode).
+      rule: one of `tree_lib.TREE_RULES` (ignored in argmax mode).
       greedy: argmax mode (children = the draft's top-k logits, q = None).
       adjust: raw logits -> adjusted logits (`sampling.adjust_logits` with the run's settings).
       rng: PRNG key (None in argmax mode).
@@ -125,7 +126,7 @@ def residual_after_rejection(r: Array, q_i: Array) -> Array:
 
 
 def verify_tree(
-    shape: tree.TreeShape,
+    shape: tree_lib.TreeShape,
     tokens: Array,
     valid: Array,
     rule: str,
@@ -138,11 +139,11 @@ def verify_tree(
     """Walks each row's tree from the root: at each node test its children in rank order.
 
     Args:
-      shape: the `tree.TreeShape` (static).
+      shape: the `tree_lib.TreeShape` (static).
       tokens: int32 [batch, K] node tokens (node 0 = the root, not tested).
       valid: bool [batch, K] nodes that exist for the row (the tree is cut where its slots pass the
         cache end; invalid nodes are never tested).
-      rule: one of `tree.TREE_RULES` (ignored in argmax mode).
+      rule: one of `tree_lib.TREE_RULES` (ignored in argmax mode).
       target_argmax: int32 [batch, K] the target's argmax after each node (argmax mode).
       p: float32 [batch, K, vocab] adjusted target distributions after each node (sampling).
       q: float32 [batch, num_inner, vocab] adjusted draft distributions at the inner nodes, the
@@ -246,15 +247,15 @@ class _LoopState:
     target_cache: Any
     draft_cache: Any
     rng: Array
-    stats: tree.TreeStats
+    stats: tree_lib.TreeStats
 
 
 def tree_sample(
     inputs: Array,
     target_cache: Any,
-    target_tokens_to_logits: tree.TreeStep,
+    target_tokens_to_logits: tree_lib.TreeStep,
     draft_cache: Any,
-    draft_tokens_to_logits: tree.TreeStep,
+    draft_tokens_to_logits: tree_lib.TreeStep,
     eos_id: int,
     *,
     tree,
@@ -264,7 +265,7 @@ def tree_sample(
     topk: int = 0,
     topp: float = 0.0,
     max_decode_steps: int | None = None,
-) -> tuple[Array, tree.TreeStats]:
+) -> tuple[Array, tree_lib.TreeStats]:
     """Decodes with the target's exact output distribution, verifying a draft tree per call.
 
     Reached through `speculative.speculative_sample(tree=...)`; arguments as there. One iteration
@@ -278,29 +279,29 @@ def tree_sample(
       inputs: int32 [batch, max_decode_len] (T5X semantics: zeros, or a forced prompt after the
         start slot).
       target_cache, draft_cache: the steps' caches, at least max_decode_len slots each (nodes
-        whose slot start + i passes either cache's end are cut, see `tree.TreeStep.cache_slots`; give
+        whose slot start + i passes either cache's end are cut, see `tree_lib.TreeStep.cache_slots`; give
         them max_decode_len + K - 1 slots to keep every tree whole).
-      target_tokens_to_logits, draft_tokens_to_logits: `tree.TreeStep`s.
+      target_tokens_to_logits, draft_tokens_to_logits: `tree_lib.TreeStep`s.
       eos_id: end-of-sequence id.
-      tree: per-depth branching factors (e.g. (3, 2, 1)) or a `tree.TreeShape`.
-      tree_rule: acceptance rule at T > 0, one of `tree.TREE_RULES`.
+      tree: per-depth branching factors (e.g. (3, 2, 1)) or a `tree_lib.TreeShape`.
+      tree_rule: acceptance rule at T > 0, one of `tree_lib.TREE_RULES`.
       decode_rng, temperature, topk, topp, max_decode_steps: as `speculative.speculative_sample`.
 
     Returns:
-      decodes int32 [batch, max_decode_len] and `tree.TreeStats`.
+      decodes int32 [batch, max_decode_len] and `tree_lib.TreeStats`.
 
     Raises:
       ValueError: a bad tree, rule, step, sampling setting, vocabulary or limit.
     """
     from specdec_t5x import speculative  # the chain module owns the shared checks
 
-    shape = tree.parse_tree(tree)
-    if tree_rule not in tree.TREE_RULES:
+    shape = tree_lib.parse_tree(tree)
+    if tree_rule not in tree_lib.TREE_RULES:
         raise ValueError(
-            f"tree_rule must be one of {tree.TREE_RULES}; got tree_rule={tree_rule!r}."
+            f"tree_rule must be one of {tree_lib.TREE_RULES}; got tree_rule={tree_rule!r}."
         )
-    tree.check_tree_step(target_tokens_to_logits, "target")
-    tree.check_tree_step(draft_tokens_to_logits, "draft")
+    tree_lib.check_tree_step(target_tokens_to_logits, "target")
+    tree_lib.check_tree_step(draft_tokens_to_logits, "draft")
     if not isinstance(temperature, int | float):
         raise ValueError(f"temperature must be a static Python number; got {type(temperature)}.")
     sampling.validate(temperature, topk, topp)
@@ -318,7 +319,7 @@ def tree_sample(
     if decode_rng is None:
         decode_rng = jax.random.PRNGKey(0)
     depth_max, k_max, num_nodes = shape.max_depth, max(shape.branching), shape.num_nodes
-    all_nodes = tree.TreeQuery(shape, tuple(range(num_nodes)))
+    all_nodes = tree_lib.TreeQuery(shape, tuple(range(num_nodes)))
     cache_slots = min(
         target_tokens_to_logits.cache_slots(target_cache),
         draft_tokens_to_logits.cache_slots(draft_cache),
@@ -356,7 +357,7 @@ def tree_sample(
         target_cache=target_cache,
         draft_cache=draft_cache,
         rng=decode_rng,
-        stats=tree.TreeStats(
+        stats=tree_lib.TreeStats(
             num_iterations=zeros(),
             num_draft_tokens=zeros(),
             num_accepted=zeros(),
@@ -404,7 +405,7 @@ def tree_sample(
         tokens, q_parts = [last[:, None]], []
         for d in range(depth_max):
             if d > 0:
-                query = tree.TreeQuery(shape, shape.nodes_at(d))
+                query = tree_lib.TreeQuery(shape, shape.nodes_at(d))
                 frontier_logits, dc = draft_tokens_to_logits(tokens[-1], start, dc, tree=query)
             children, q_d = propose_children(
                 frontier_logits, shape.branching[d], tree_rule, greedy, adjust, depth_rngs[d]
@@ -459,7 +460,7 @@ def tree_sample(
         accepted = tested & (jnp.arange(1, depth_max + 1)[None] <= a[:, None])
         n_acc = jnp.sum(accepted, axis=1)
         s = state.stats
-        stats = tree.TreeStats(
+        stats = tree_lib.TreeStats(
             num_iterations=s.num_iterations + active,
             num_draft_tokens=s.num_draft_tokens + jnp.sum(tested, 1),
             num_accepted=s.num_accepted + n_acc,
