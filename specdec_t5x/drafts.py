@@ -12,7 +12,6 @@ halves, so a timer can build the cache once and time only the step:
         -> (logits float32 [batch, k, vocab], cache)
 
 `prepare(...) -> (cache, step)` is both at once (what `SpeculativeEncoderDecoderModel` calls).
-
 Drafts here:
 
 * `T5Draft`: a (smaller) T5 network with its own encoder pass and cache, or, with
@@ -20,9 +19,8 @@ Drafts here:
   target's encoder output (no encoder pass of its own; `with_target_encoder` builds its tree).
 * `UnigramDraft` / `BigramDraft`: n-gram language models over the task's training targets
   (the paper's Table 3 baselines), fitted by `fit_ngram_drafts`.
-* `SourceCopyDraft`: proposes the token that follows the longest match of the recent output n-gram
-  inside the encoder input (prompt lookup over the *source*); its q is one-hot.
-
+* `SourceCopyDraft`: prompt lookup over the *source* (the token after the longest match of the
+  recent output n-gram in the encoder input; one-hot q). `copy_drafts` has an aligned one.
 Exactness never depends on the draft: speculative sampling only needs the q it sampled from.
 """
 
