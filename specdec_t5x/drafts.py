@@ -11,8 +11,7 @@ halves, so a timer can build the cache once and time only the step:
     step(tokens int32 [batch, k], positions int32 [batch], cache)
         -> (logits float32 [batch, k, vocab], cache)
 
-`prepare(...) -> (cache, step)` is both at once (what `SpeculativeEncoderDecoderModel` calls).
-Drafts here:
+`prepare(...) -> (cache, step)` is both at once (what `SpeculativeEncoderDecoderModel` calls). Drafts:
 
 * `T5Draft`: a (smaller) T5 network with its own encoder pass and cache, or, with
   `share_target_encoder=True` and a `network.TargetEncoderTransformer`, a draft decoder over the
@@ -44,8 +43,7 @@ class Draft(Protocol):
     """What `SpeculativeEncoderDecoderModel` needs from a draft (drafts here subclass it)."""
 
     params: Any
-    # True: the draft decodes from the target's encoder output (`encoded` in `prepare`).
-    shares_target_encoder: bool = False
+    shares_target_encoder: bool = False  # True: decodes from the target's encoder output
 
     def init_cache(
         self, params, encoder_input_tokens: Array, max_decode_len: int, encoded=None
