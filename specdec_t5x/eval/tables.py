@@ -149,6 +149,7 @@ def tree_row_records(m: dict[str, Any]) -> list[dict[str, Any]]:
     """The tree rows of a run whose sweep had trees, as flat records (γ column: the tree)."""
     m = summary.flat(m)
     keys = ("task", "draft", "temperature", "c_measured", "c_alone", "step_costs", "gamma_sweep")
+    keys += ("verify_cost_ratio",)  # the run's (the chain's) costs: for `degenerate` only
     return [
         {**row, "gamma": name, **{k: m[k] for k in keys if k in m}}
         for name, row in (m.get("tree_sweep") or {}).items()
