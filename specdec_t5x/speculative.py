@@ -220,7 +220,7 @@ def speculative_sample(
         raise ValueError(
             f"max_decode_steps must be in [0, max_decode_len={max_len}]; got {max_decode_steps}."
         )
-    _check_vocab(
+    check_vocab(
         target_tokens_to_logits, target_cache, draft_tokens_to_logits, draft_cache, batch, eos_id
     )
     greedy = sampling.is_greedy(temperature)
@@ -476,7 +476,7 @@ def _draft_block(draft_fn, propose, logits0, dc, n, rng, active, gamma, threshol
     return drafts, q, count, dc
 
 
-def _check_vocab(target_fn, target_cache, draft_fn, draft_cache, batch, eos_id) -> int:
+def check_vocab(target_fn, target_cache, draft_fn, draft_cache, batch, eos_id) -> int:
     """Vocabulary size from the closures' output shapes (traced abstractly, no compute).
 
     Raises:

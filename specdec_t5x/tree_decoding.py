@@ -312,7 +312,7 @@ def tree_sample(
         raise ValueError(
             f"max_decode_steps must be in [0, max_decode_len={max_len}]; got {max_decode_steps}."
         )
-    speculative._check_vocab(
+    speculative.check_vocab(
         target_tokens_to_logits, target_cache, draft_tokens_to_logits, draft_cache, batch, eos_id
     )
     greedy = sampling.is_greedy(temperature)
