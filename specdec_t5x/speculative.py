@@ -220,32 +220,17 @@ def speculative_sample(
         raise ValueError(
             f"max_decode_steps must be in [0, max_decode_len={max_len}]; got {max_decode_steps}."
         )
-    check_vocab(
+    steps.check_vocab(
         target_tokens_to_logits, target_cache, draft_tokens_to_logits, draft_cache, batch, eos_id
     )
     greedy = sampling.is_greedy(temperature)
     if decode_rng is None:
         decode_rng = jax.random.PRNGKey(0)
 
-    # Forced prompt: the leading run of non-zero tokens after the start slot.
-    prompt_len = jnp.sum(jnp.cumprod(inputs[:, 1:] != 0, axis=1), axis=1).astype(jnp.int32)
-    limit = jnp.full((batch,), max_len, jnp.int32)
-    if max_decode_steps is not None:
-        limit = jnp.minimum(limit, prompt_len + jnp.asarray(max_decode_steps, jnp.int32))
-    keep = jnp.arange(max_len)[None, :] <= prompt_len[:, None]
-    buffer = jnp.where(keep, inputs, 0).at[:, 0].set(0)
-    buffer = jnp.pad(buffer, ((0, 0), (0, gamma + 2)))  # [b, L] -> [b, L + γ + 2]
-    length = 1 + prompt_len
-
-    def prefill(caches):
-        zeros = jnp.zeros((batch,), jnp.int32)
-        tc = target_tokens_to_logits(buffer[:, :max_len], zeros, caches[0])[1]
-        dc = draft_tokens_to_logits(buffer[:, :max_len], zeros, caches[1])[1]
-        return tc, dc
-
-    target_cache, draft_cache = jax.lax.cond(
-        jnp.any(prompt_len > 0), prefill, lambda c: c, (target_cache, draft_cache)
-    )
+    buffer, length, limit, target_cache, draft_cache = steps.start_loop(
+        inputs, max_decode_steps, gamma, (target_tokens_to_logits, target_cache),
+        (draft_tokens_to_logits, draft_cache),
+    )  # fmt: skip
     init = _LoopState(
         buffer=buffer,
         length=length,
@@ -474,24 +459,3 @@ def _draft_block(draft_fn, propose, logits0, dc, n, rng, active, gamma, threshol
 
     _, _, dc, drafts, q, count, _ = jax.lax.while_loop(cond, body, init)
     return drafts, q, count, dc
-
-
-def check_vocab(target_fn, target_cache, draft_fn, draft_cache, batch, eos_id) -> int:
-    """Vocabulary size from the closures' output shapes (traced abstractly, no compute).
-
-    Raises:
-      ValueError: different vocabulary sizes, or eos_id outside [0, vocab).
-    """
-    tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
-    positions = jax.ShapeDtypeStruct((batch,), jnp.int32)
-    target_shape = jax.eval_shape(target_fn, tokens, positions, target_cache)[0].shape
-    draft_shape = jax.eval_shape(draft_fn, tokens, positions, draft_cache)[0].shape
-    if target_shape[-1] != draft_shape[-1]:
-        raise ValueError(
-            f"target and draft vocabularies differ: target logits {target_shape}, draft logits "
-            f"{draft_shape}; both models must share one vocabulary (same padded size)."
-        )
-    vocab = target_shape[-1]
-    if not 0 <= int(eos_id) < vocab:
-        raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab}).")
-    return vocab

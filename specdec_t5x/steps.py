@@ -416,3 +416,59 @@ def prepare_cache(
         return init_cache(module, params, encoded, tokens, max_decode_len)
 
     return bucketed(params, encoder_input_tokens, setup, pad_cross_cache)
+
+
+def start_loop(inputs, max_decode_steps, depth: int, target, draft):
+    """The loop's start: the buffer, lengths, limits and caches after a forced prompt's prefill.
+
+    Args:
+      inputs: int32 [batch, L] (column 0 the start slot; a leading run of non-zero tokens after it
+        is a forced prompt); max_decode_steps: None or tokens to generate; depth: the most tokens
+        one iteration writes before its bonus (γ, or a tree's depth); target, draft: (block
+        step, cache) each.
+
+    Returns:
+      buffer int32 [batch, L + depth + 2] (the prompt, zeros), length int32 [batch] (valid
+      positions, start slot included), limit int32 [batch] (the length limit per row), and the
+      target's and draft's caches with the prompt fed (unchanged without one).
+    """
+    batch, max_len = inputs.shape
+    prompt_len = jnp.sum(jnp.cumprod(inputs[:, 1:] != 0, axis=1), axis=1).astype(jnp.int32)
+    limit = jnp.full((batch,), max_len, jnp.int32)
+    if max_decode_steps is not None:
+        limit = jnp.minimum(limit, prompt_len + jnp.asarray(max_decode_steps, jnp.int32))
+    keep = jnp.arange(max_len)[None, :] <= prompt_len[:, None]
+    buffer = jnp.where(keep, inputs, 0).at[:, 0].set(0)
+    buffer = jnp.pad(buffer, ((0, 0), (0, depth + 2)))  # [b, L] -> [b, L + depth + 2]
+
+    def prefill(caches):
+        zeros = jnp.zeros((batch,), jnp.int32)
+        tc = target[0](buffer[:, :max_len], zeros, caches[0])[1]
+        dc = draft[0](buffer[:, :max_len], zeros, caches[1])[1]
+        return tc, dc
+
+    target_cache, draft_cache = jax.lax.cond(
+        jnp.any(prompt_len > 0), prefill, lambda c: c, (target[1], draft[1])
+    )
+    return buffer, 1 + prompt_len, limit, target_cache, draft_cache
+
+
+def check_vocab(target_fn, target_cache, draft_fn, draft_cache, batch, eos_id) -> int:
+    """Vocabulary size from the closures' output shapes (traced abstractly, no compute).
+
+    Raises:
+      ValueError: different vocabulary sizes, or eos_id outside [0, vocab).
+    """
+    tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
+    positions = jax.ShapeDtypeStruct((batch,), jnp.int32)
+    target_shape = jax.eval_shape(target_fn, tokens, positions, target_cache)[0].shape
+    draft_shape = jax.eval_shape(draft_fn, tokens, positions, draft_cache)[0].shape
+    if target_shape[-1] != draft_shape[-1]:
+        raise ValueError(
+            f"target and draft vocabularies differ: target logits {target_shape}, draft logits "
+            f"{draft_shape}; both models must share one vocabulary (same padded size)."
+        )
+    vocab = target_shape[-1]
+    if not 0 <= int(eos_id) < vocab:
+        raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab}).")
+    return vocab

@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x import sampling
+from specdec_t5x import steps as model_steps
 from specdec_t5x import tree as tree_lib
 
 Array = jax.Array
@@ -293,7 +294,6 @@ def tree_sample(
     Raises:
       ValueError: a bad tree, rule, step, sampling setting, vocabulary or limit.
     """
-    from specdec_t5x import speculative  # the chain module owns the shared checks
 
     shape = tree_lib.parse_tree(tree)
     if tree_rule not in tree_lib.TREE_RULES:
@@ -312,7 +312,7 @@ def tree_sample(
         raise ValueError(
             f"max_decode_steps must be in [0, max_decode_len={max_len}]; got {max_decode_steps}."
         )
-    speculative.check_vocab(
+    model_steps.check_vocab(
         target_tokens_to_logits, target_cache, draft_tokens_to_logits, draft_cache, batch, eos_id
     )
     greedy = sampling.is_greedy(temperature)
@@ -330,24 +330,13 @@ def tree_sample(
             f"max_decode_len={max_len} (max_decode_len + {num_nodes - 1} keeps trees whole)."
         )
 
-    prompt_len = jnp.sum(jnp.cumprod(inputs[:, 1:] != 0, axis=1), axis=1).astype(jnp.int32)
-    limit = jnp.full((batch,), max_len, jnp.int32)
-    if max_decode_steps is not None:
-        limit = jnp.minimum(limit, prompt_len + jnp.asarray(max_decode_steps, jnp.int32))
-    keep = jnp.arange(max_len)[None, :] <= prompt_len[:, None]
-    buffer = jnp.where(keep, inputs, 0).at[:, 0].set(0)
-    buffer = jnp.pad(buffer, ((0, 0), (0, depth_max + 2)))  # [b, L] -> [b, L + D + 2]
-    length = 1 + prompt_len
-
-    def prefill(caches):
-        zeros = jnp.zeros((batch,), jnp.int32)
-        tc = target_tokens_to_logits(buffer[:, :max_len], zeros, caches[0])[1]
-        dc = draft_tokens_to_logits(buffer[:, :max_len], zeros, caches[1])[1]
-        return tc, dc
-
-    target_cache, draft_cache = jax.lax.cond(
-        jnp.any(prompt_len > 0), prefill, lambda c: c, (target_cache, draft_cache)
-    )
+    buffer, length, limit, target_cache, draft_cache = model_steps.start_loop(
+        inputs,
+        max_decode_steps,
+        depth_max,
+        (target_tokens_to_logits, target_cache),
+        (draft_tokens_to_logits, draft_cache),
+    )  # [b, L] -> [b, L + D + 2]; fmt: skip
     zeros = lambda *s: jnp.zeros((batch,) + s, jnp.int32)
     init = _LoopState(
         buffer=buffer,
