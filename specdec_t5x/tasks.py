@@ -239,7 +239,7 @@ def register_debian_tasks(vocabulary: seqio.Vocabulary | None = None) -> None:
 def t5_vocabulary() -> seqio.Vocabulary:
     """`$SPECDEC_T5_VOCAB` with T5's 100 extra ids when set, else the project vocabulary."""
     path = os.environ.get(T5_VOCAB_ENV)
-    return vocab.get_vocabulary(path) if path else vocab.get_vocabulary()
+    return vocab.get_vocabulary(path, check=False) if path else vocab.get_vocabulary()
 
 
 def register_t5_paper_tasks(vocabulary: seqio.Vocabulary | None = None) -> None:

@@ -125,11 +125,13 @@ def train_vocabulary(
     return out_path
 
 
-def get_vocabulary(path: str | os.PathLike | None = None):
+def get_vocabulary(path: str | os.PathLike | None = None, check: bool = True):
     """Returns the project vocabulary as `seqio.SentencePieceVocabulary(path, extra_ids=100)`.
 
     Args:
       path: a SentencePiece `.model`; the shipped `DEFAULT_VOCAB_PATH` when None.
+      check: refuse a remote or missing `path` now (False: seqio reads it lazily, at first use,
+        as `tasks` does when registering at import).
 
     Returns:
       seqio.SentencePieceVocabulary with `vocab_size` = pieces + 100 (8100 for the shipped model).
@@ -141,12 +143,12 @@ def get_vocabulary(path: str | os.PathLike | None = None):
     import seqio  # Lazy: seqio imports TensorFlow.
 
     path = str(path or DEFAULT_VOCAB_PATH)
-    if "://" in path:
+    if check and "://" in path:
         raise FileNotFoundError(
             f"VOCAB_PATH {path!r} is remote; this job reads local files only: copy the "
             "SentencePiece .model here and pass --gin.VOCAB_PATH=\"'/path/to/spm.model'\"."
         )
-    if not os.path.isfile(path):
+    if check and not os.path.isfile(path):
         raise FileNotFoundError(
             f"VOCAB_PATH {path!r}: no such file (a SentencePiece .model; the shipped one is "
             f"{DEFAULT_VOCAB_PATH})."

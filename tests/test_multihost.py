@@ -10,19 +10,19 @@ import sys
 import numpy as np
 import pytest
 from conftest import init_params, perturbed, tiny_config
+from test_eval import configs
 
 from specdec_t5x import drafts, models, multihost, network, vocab
-from specdec_t5x.eval import job
+from specdec_t5x.eval import job, summary
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SETTINGS = dict(  # no time budget: only the deterministic metrics are compared
+SETTINGS = dict(  # only the deterministic metrics are compared
     gamma=2,
     temperature=1.0,
     num_examples=4,
     input_len=32,
     target_len=8,
-    cost_repeats=1,
-    measure_time_budget=False,
+    cost_repeats=2,
 )
 DETERMINISTIC = (
     "alpha_beta alpha_counted tokens_per_iteration target_calls baseline_target_calls "
@@ -33,16 +33,18 @@ WORKER = """
 import json, sys
 sys.path.insert(0, {tests!r})
 from conftest import init_params, perturbed, tiny_config
+from test_eval import configs
 from specdec_t5x import multihost
 multihost.initialize('127.0.0.1:{port}', 2, {pid})
 from specdec_t5x import drafts, models, network, vocab
 from specdec_t5x.eval import job
+from test_eval import configs
 vocabulary = vocab.get_vocabulary()
 module = network.Transformer(tiny_config(vocab_size=vocab.model_vocab_size(vocabulary)))
 params = init_params(module, 3)
 draft = drafts.T5Draft(module, perturbed(params, 0.05, 4))
 spec = models.SpeculativeEncoderDecoderModel(module, draft, vocabulary, vocabulary)
-job.evaluate(spec, params, 'ddtp_ende', {out!r}, **{settings!r})
+job.evaluate(spec, params, {out!r}, **configs(**{settings!r}))
 """
 
 
@@ -80,12 +82,14 @@ def test_two_processes_give_single_process_metrics(data_dir, tmp_path):
     params = init_params(module, 3)
     draft = drafts.T5Draft(module, perturbed(params, 0.05, 4))
     spec = models.SpeculativeEncoderDecoderModel(module, draft, vocabulary, vocabulary)
-    single = job.evaluate(spec, params, "ddtp_ende", str(tmp_path / "single"), **SETTINGS)
+    single = summary.flat(
+        job.evaluate(spec, params, str(tmp_path / "single"), **configs(**SETTINGS))
+    )
     for proc in procs:
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, out[-3000:]
     assert not (tmp_path / "unused" / "metrics.json").exists()  # only process 0 writes
-    gathered = json.loads((multi / "metrics.json").read_text())
+    gathered = summary.flat(json.loads((multi / "metrics.json").read_text()))
     for key in DETERMINISTIC:
         assert gathered[key] == single[key], key
     for g, row in single["gamma_sweep"].items():

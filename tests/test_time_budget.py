@@ -61,7 +61,7 @@ def test_compose_refuses_negative_costs_naming_them():
 def test_zero_cost_loops_run_the_lengths_measure_loop_ms_assumes(temperature):
     """Constant logits: the baseline draws no EOS for n tokens, the speculative loop accepts all."""
     vocab, eos, n, gamma = 16, 1, 7, 3
-    step = clock._constant_step(vocab, eos)
+    step = clock.constant_step(vocab, eos)
     inputs, cache = jnp.zeros((1, 12), jnp.int32), jnp.zeros((), jnp.float32)
     settings = {"temperature": temperature, "topk": 0, "topp": 0.0}
     rng = jax.random.PRNGKey(0)

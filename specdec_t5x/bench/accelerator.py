@@ -51,7 +51,7 @@ from specdec_t5x.bench import accelerator_measure as measure
 from specdec_t5x.bench import random_pair
 from specdec_t5x.data import export_tokens
 
-TOKENS_FILE = pathlib.Path(__file__).resolve().parents[1] / "results/accelerator/ddtp_tokens.npz"
+TOKENS_FILE = pathlib.Path(__file__).resolve().parents[2] / "results/accelerator/ddtp_tokens.npz"
 T5_VOCAB = measure.T5_VOCAB
 # Public names of the measurements, importable from here as before the split.
 param_bytes, verify_ratio = measure.param_bytes, measure.verify_ratio

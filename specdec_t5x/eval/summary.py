@@ -381,6 +381,9 @@ def flat(metrics_record: dict[str, Any]) -> dict[str, Any]:
             out.update(value)
         else:
             out[key] = value
+    if out.get("gamma") == "auto" and isinstance(out.get("auto"), dict):
+        for key, value in out["auto"].items():  # an auto headline's row (γ counts, ...)
+            out.setdefault(key, value)
     if isinstance(out.get("diagnostics"), dict) and "time_budget" in out["diagnostics"]:
         out["time_budget"] = out["diagnostics"]["time_budget"]
     return out
