@@ -24,7 +24,7 @@ def test_smoke_runs_without_gin_seqio_tf_and_writes_results(tmp_path):
         "import sys\n"
         f"for name in {BLOCKED!r}:\n"
         "    sys.modules[name] = None  # any import of it raises ImportError\n"
-        "from specdec_t5x.bench import accelerator as accelerator_bench\n"
+        "from specdec_t5x.bench import accelerator\n"
         f"accelerator.main(['--out_dir', {str(tmp_path)!r}, '--smoke'])\n"
         f"bad = [m for m in sys.modules if m.split('.')[0] in {BLOCKED!r} and sys.modules[m]]\n"
         "assert not bad, bad\n"
