@@ -18,10 +18,9 @@ and parameters is a no-op. Each description is under its package's licence: neve
 
 Usage:
 
-    python -m specdec_t5x.data.correction [--data_dir DIR] [--force]
+    python -m specdec_t5x.data.build [--data_dir DIR] [--force]   # builds it with the others
 """
 
-import argparse
 import collections
 import json
 import logging
@@ -90,12 +89,7 @@ def sentence_rows(
     """
     counts: collections.Counter = collections.Counter()
     rows, seen, per_source = [], set(), collections.Counter()
-    order = sorted(
-        en_stanzas, key=lambda s: (sources.get(s["Package"], s["Package"]), s["Package"])
-    )
-    for stanza in order:
-        package = stanza["Package"]
-        source = sources.get(package, package)
+    for stanza, package, source in debian.by_source(en_stanzas, sources):
         for sentence in description_sentences(stanza["Description-en"]):
             counts["sentences"] += 1
             if not is_sentence(sentence):
@@ -203,7 +197,7 @@ def build_correction_corpus(
     manifest = {
         "build_date": provenance.utc_date(),
         "commit": provenance.git_commit(),
-        "command": "python -m specdec_t5x.data.correction" + (" --force" if force else ""),
+        "command": "python -m specdec_t5x.data.build" + (" --force" if force else ""),
         "translation_en_sha256": checksum,
         "split_rule": corpora.SPLIT_RULE + ", else test",
         "parameters": _parameters(config),
@@ -223,17 +217,3 @@ def build_correction_corpus(
     tmp.replace(manifest_path)
     logger.info("Wrote %s", manifest_path)
     return manifest
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: `python -m specdec_t5x.data.correction [--data_dir DIR] [--force]`."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data_dir", default=None, help="default: $SPECDEC_DATA_DIR or ~/.cache/…")
-    parser.add_argument("--force", action="store_true", help="rebuild even if already built")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    build_correction_corpus(args.data_dir, force=args.force)
-
-
-if __name__ == "__main__":
-    main()

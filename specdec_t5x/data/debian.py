@@ -303,6 +303,21 @@ def _length_ratio(a: str, b: str) -> float:
     return long / max(short, 1) if long >= 20 else 1.0
 
 
+def by_source(en_stanzas, sources):
+    """`(stanza, package, source)` of each `Translation-en` stanza in (source, package) order.
+
+    Args:
+      en_stanzas: stanzas with `Package`; sources: {binary: source} (a binary not in it is its
+        own source).
+    """
+    order = sorted(
+        en_stanzas, key=lambda s: (sources.get(s["Package"], s["Package"]), s["Package"])
+    )
+    for stanza in order:
+        package = stanza["Package"]
+        yield stanza, package, sources.get(package, package)
+
+
 def summarization_rows(
     en_stanzas: Sequence[Mapping[str, str]], sources: Mapping[str, str]
 ) -> tuple[list[dict[str, str]], collections.Counter]:
@@ -318,12 +333,7 @@ def summarization_rows(
     """
     counts: collections.Counter = collections.Counter()
     rows, seen, per_source = [], set(), collections.Counter()
-    order = sorted(
-        en_stanzas, key=lambda s: (sources.get(s["Package"], s["Package"]), s["Package"])
-    )
-    for stanza in order:
-        package = stanza["Package"]
-        source = sources.get(package, package)
+    for stanza, package, source in by_source(en_stanzas, sources):
         pair = summarization_pair(stanza["Description-en"])
         if pair is None:
             counts["dropped_length"] += 1
