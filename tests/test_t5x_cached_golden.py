@@ -23,6 +23,7 @@ against T5X's dataflow from T5X's own cache layout (both failed, float32, with t
 as it lies).
 """
 
+import importlib.util
 import json
 import pathlib
 
@@ -35,6 +36,7 @@ from conftest import machine_fingerprint, recipe_params
 from specdec_t5x import network, steps
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
+GOLDEN_SCRIPT = GOLDEN / "make_t5x_cached_golden.py"  # its T5X-convention decode runs ours too
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
 CONVENTIONS = ("t5x_convention", "block_steps")
 
@@ -57,45 +59,12 @@ def _module(meta, dtype_name: str) -> network.Transformer:
 
 
 def _t5x_convention(module, params, enc, dec) -> np.ndarray:
-    """T5X's `_compute_kv_cache` + one `_compute_logits_from_slice` call per position."""
-    dec_len = dec.shape[1]
-    ones_dec = jnp.ones_like(dec)
-    cache = jax.jit(
-        lambda p: module.apply(
-            {"params": p},
-            jnp.ones_like(enc),
-            ones_dec,
-            ones_dec,
-            decode=True,
-            enable_dropout=False,
-            mutable=["cache"],
-        )[1]["cache"]
-    )(params)
-    encoded = jax.jit(
-        lambda p, e: module.apply({"params": p}, e, enable_dropout=False, method=module.encode)
-    )(params, enc)
-
-    @jax.jit
-    def step(params, encoded, enc, cache, token):
-        logits, variables = module.apply(
-            {"params": params, "cache": cache},
-            encoded,
-            enc,
-            token,
-            token,
-            enable_dropout=False,
-            decode=True,
-            max_decode_length=dec_len,
-            mutable=["cache"],
-            method=module.decode,
-        )
-        return logits[:, 0], variables["cache"]
-
-    rows = []
-    for t in range(dec_len):
-        logits, cache = step(params, encoded, enc, cache, dec[:, t : t + 1])
-        rows.append(np.asarray(logits))
-    return np.stack(rows, axis=1)  # [b, dec_len, vocab]
+    """T5X's `_compute_kv_cache` + one `_compute_logits_from_slice` call per position: the
+    generator's own function (`golden/make_t5x_cached_golden.py`), run on our network."""
+    spec = importlib.util.spec_from_file_location("make_t5x_cached_golden", GOLDEN_SCRIPT)
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    return generator.cached_step_logits(module, params, enc, dec)  # [b, dec_len, vocab]
 
 
 def _block_steps(module, params, enc, dec) -> np.ndarray:

@@ -52,6 +52,16 @@ def import_t5x_network(t5x_dir: str):
 def t5x_cached_step_logits(t5x_network, config: dict, params, enc, dec) -> np.ndarray:
     """float32 [batch, dec_len, vocab]: row t is T5X's logits after feeding dec[:, t] at step t."""
     module = t5x_network.Transformer(t5x_network.T5Config(**config))
+    return cached_step_logits(module, params, enc, dec)
+
+
+def cached_step_logits(module, params, enc, dec) -> np.ndarray:
+    """T5X's decode convention for any T5X-compatible `module`: `_compute_kv_cache`, then one
+    `_compute_logits_from_slice` call per position (the test runs it on ours).
+
+    Returns:
+      float32 [batch, dec_len, vocab]: row t is the logits after feeding dec[:, t] at step t.
+    """
     dec_len = dec.shape[1]
     ones_dec = jnp.ones_like(dec)
     cache = jax.jit(
