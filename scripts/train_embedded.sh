@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the embedded En→De models shipped in specdec_t5x/assets/models/ (results/training/).
 #
-#   scripts/train_embedded.sh [data|target|draft|distill|sum_ngram|sum_target|sum_draft|report|all]
+#   scripts/train_embedded.sh [data|target|draft|distill|sum_ngram|sum_target|sum_draft|correct_target|report|all]
 #   (default: all = data, target, draft, report; the other stages run only when named)
 #
 # data:   builds the DDTP corpus (python -m specdec_t5x.data.build) and checks the checksums of
@@ -19,6 +19,9 @@
 #         summarize.gin: 256-token inputs, 32-token targets, ROUGE): unigram/bigram drafts fitted on
 #         the training synopses; the target (embedded_sum_target.gin, En→De target's shape) from
 #         scratch; the draft (embedded_sum_draft.gin) distilled on-policy from the exported target.
+# correct_target: the text-correction target (ddtp_correct_en, gin/runs/correct.gin): the shipped
+#         summarization target with its attention and norms fine-tuned (embeddings, logits layer and
+#         MLPs frozen); exports the changed leaves only, with base.json naming embedded_sum_target.
 # report: loss curves, decode-step timings and asset sizes into results/training/.
 #
 # Runs are resumable: rerunning a stage after a kill continues from its last orbax checkpoint in
@@ -27,7 +30,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-RUNS=train_runs
+RUNS=${RUNS:-train_runs}
 STAGE=${1:-all}
 TARGET_STEPS=1000
 DRAFT_STEPS=1000
@@ -124,6 +127,18 @@ if [[ $STAGE == sum_draft ]]; then
     --gin.SEED=0 \
     --gin.DIVERGENCE="'${DIVERGENCE:-fkl}'" \
     --gin.train.train.export_path="'$MODELS/embedded_sum_draft/params.msgpack'"
+fi
+
+if [[ $STAGE == correct_target ]]; then
+  $PY scripts/train.py \
+    --gin_file=gin/models/embedded_sum_target.gin \
+    --gin_file=gin/runs/train.gin \
+    --gin_file=gin/runs/correct.gin \
+    --gin.RUN_DIR="'$RUNS/embedded_correct_target'" \
+    --gin.NUM_STEPS=${CORRECT_TARGET_STEPS:-3000} \
+    --gin.BATCH_SIZE=24 \
+    --gin.SEED=0 \
+    --gin.train.train.export_path="'$MODELS/embedded_correct_target/params.msgpack'"
 fi
 
 if [[ $STAGE == report || $STAGE == all ]]; then

@@ -3,9 +3,13 @@
 Each file is `flax.serialization.msgpack_serialize` of the plain nested-dict parameter tree (T5X
 names, see `network`), stored in bfloat16 to keep the repository small; `load_params` upcasts to
 float32. The architectures live in `gin/models/embedded_*.gin`; how the weights were trained is in
-`scripts/train_embedded.sh` and `results/training/`.
+`scripts/train_embedded.sh` and `results/training/`. A model fine-tuned from another shipped
+one may store only the leaves it changed, with `base.json` naming the model that supplies the rest
+(`save_params(base=...)`); `load_params` returns the whole tree.
 """
 
+import hashlib
+import json
 import os
 import pathlib
 from typing import Any
@@ -13,10 +17,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import serialization
+from flax import serialization, traverse_util
 
 MODELS_DIR = pathlib.Path(__file__).parent / "assets" / "models"
 PARAMS_FILE = "params.msgpack"
+BASE_FILE = "base.json"  # beside a partial fine-tune's params: {"base": name, "base_sha256": hex}
 
 
 def params_path(name: str) -> pathlib.Path:
@@ -24,19 +29,36 @@ def params_path(name: str) -> pathlib.Path:
     return MODELS_DIR / name / PARAMS_FILE
 
 
-def save_params(params: Any, path: str | os.PathLike, dtype: Any = jnp.bfloat16) -> pathlib.Path:
+def save_params(
+    params: Any, path: str | os.PathLike, dtype: Any = jnp.bfloat16, base: str | None = None
+) -> pathlib.Path:
     """Writes a parameter tree as msgpack with its floating leaves cast to `dtype`.
 
     Args:
-      params: nested dict of arrays (the `'params'` collection).
+      params: nested dict of arrays (the `'params'` collection); with `base`, only the leaves
+        that differ from the base model's (a partial fine-tune, `training.freezing`).
       path: output file; parent folders are created.
       dtype: storage dtype of floating-point leaves (bfloat16 halves the size of float32).
+      base: name of a shipped model (`params_path`) that supplies every leaf `params` lacks;
+        recorded with its SHA-256 in `BASE_FILE` beside `path`, so `load_params` returns the
+        whole tree and refuses a base that has changed since.
 
     Returns:
       The path written.
+
+    Raises:
+      FileNotFoundError: `base` is not a shipped model.
+      ValueError: a leaf of `params` is not in `base` or has another shape (`merge_params`).
     """
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    record = path.parent / BASE_FILE
+    if base is not None:
+        merge_params(load_params(name=base), params, what=f"{path} over base {base!r}")
+        digest = hashlib.sha256(params_path(base).read_bytes()).hexdigest()
+        record.write_text(json.dumps({"base": base, "base_sha256": digest}, indent=2) + "\n")
+    elif record.exists():  # a full tree now: a stale base record would merge over it
+        record.unlink()
 
     def cast(leaf):
         leaf = np.asarray(leaf)
@@ -68,4 +90,35 @@ def load_params(
     def cast(leaf):
         return jnp.asarray(leaf, dtype) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf
 
-    return jax.tree_util.tree_map(cast, state)
+    params = jax.tree_util.tree_map(cast, state)
+    record = path.parent / BASE_FILE
+    if not record.is_file():
+        return params
+    base = json.loads(record.read_text())
+    digest = hashlib.sha256(params_path(base["base"]).read_bytes()).hexdigest()
+    if digest != base["base_sha256"]:
+        raise ValueError(
+            f"{path} holds the leaves fine-tuned from {base['base']!r} with SHA-256 "
+            f"{base['base_sha256']}, but {params_path(base['base'])} now has {digest}: the "
+            "base model changed; retrain or restore it."
+        )
+    return merge_params(load_params(name=base["base"], dtype=dtype), params, what=str(path))
+
+
+def merge_params(base: Any, changed: Any, what: str = "parameters") -> dict[str, Any]:
+    """`base` (nested dict) with the leaves of `changed` (nested dict, a subset) in their place.
+
+    Raises:
+      ValueError: a leaf of `changed` is not in `base`, or has another shape.
+    """
+    out = traverse_util.flatten_dict(dict(base), sep="/")
+    for key, leaf in traverse_util.flatten_dict(dict(changed), sep="/").items():
+        if key not in out:
+            raise ValueError(f"{what}: leaf {key!r} is not in the base parameters.")
+        if tuple(np.shape(out[key])) != tuple(np.shape(leaf)):
+            raise ValueError(
+                f"{what}: leaf {key!r} has shape {tuple(np.shape(leaf))}, the base's "
+                f"{tuple(np.shape(out[key]))}."
+            )
+        out[key] = leaf
+    return traverse_util.unflatten_dict(out, sep="/")

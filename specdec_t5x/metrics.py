@@ -138,3 +138,23 @@ def quality(seqio_task, vocabulary, examples, tokens, eos_id) -> dict[str, float
     for metric_fn in seqio_task.metric_fns:
         scores.update({k: float(v) for k, v in metric_fn(targets, predictions).items()})
     return scores
+
+
+def correction_scores(targets: list[str], predictions: list[str]) -> dict[str, float]:
+    """`ddtp_correct_en`'s metrics: exact match (% of predictions equal to their reference),
+    corpus chrF (sacreBLEU defaults: character 6-grams, β = 2) and BLEU (`metrics.bleu`), 0-100.
+
+    Raises:
+      ValueError: targets and predictions differ in length.
+    """
+    import sacrebleu  # lazy, as in `bleu`
+
+    if len(targets) != len(predictions):
+        raise ValueError(f"{len(targets)} targets but {len(predictions)} predictions")
+    exact = sum(t == p for t, p in zip(targets, predictions, strict=True))
+    chrf = sacrebleu.corpus_chrf(list(predictions), [list(targets)]).score
+    return {
+        "exact_match": 100.0 * exact / max(len(targets), 1),
+        "chrf": chrf,
+        **bleu(targets, predictions),
+    }

@@ -10,7 +10,7 @@ Importing this module registers
   C4_200M): inputs "correct: " + an English description sentence corrupted by the seeded noise
   model (`specdec_t5x.data.noise`, applied when the corpus is built by
   `specdec_t5x.data.correction`), targets the clean sentence; metrics exact match, chrF and BLEU
-  (`correction_scores`).
+  (`metrics.correction_scores`).
 * `wmt_t2t_ende_v003` and `cnn_dailymail_v002`: T5's WMT En→De and CNN/DailyMail tasks, as in
   `t5/data/tasks.py`, over TFDS (`wmt_t2t_translate/de-en:1.0.0`, `cnn_dailymail:3.4.0`; neither is
   downloadable from this project's machines, but the tasks work wherever TFDS has the data).
@@ -180,26 +180,6 @@ def summary_rouge(targets: list[str], predictions: list[str]) -> dict[str, float
     return metrics.rouge_mean(targets, predictions, score_keys=SUMMARY_ROUGE_KEYS)
 
 
-def correction_scores(targets: list[str], predictions: list[str]) -> dict[str, float]:
-    """`ddtp_correct_en`'s metrics: exact match (% of predictions equal to their reference),
-    corpus chrF (sacreBLEU defaults: character 6-grams, β = 2) and BLEU (`metrics.bleu`), 0-100.
-
-    Raises:
-      ValueError: targets and predictions differ in length.
-    """
-    import sacrebleu  # lazy, as in `metrics`
-
-    if len(targets) != len(predictions):
-        raise ValueError(f"{len(targets)} targets but {len(predictions)} predictions")
-    exact = sum(t == p for t, p in zip(targets, predictions, strict=True))
-    chrf = sacrebleu.corpus_chrf(list(predictions), [list(targets)]).score
-    return {
-        "exact_match": 100.0 * exact / max(len(targets), 1),
-        "chrf": chrf,
-        **metrics.bleu(targets, predictions),
-    }
-
-
 def _add_task(name: str, source, preprocess, output_features, metric_fn) -> seqio.Task:
     """Registers (or re-registers, on re-import or reload) a text-to-text task: `preprocess` maps
     raw examples to {'inputs', 'targets'} text, then tokenization and EOS as in T5's tasks."""
@@ -233,7 +213,9 @@ def register_debian_tasks(vocabulary: seqio.Vocabulary | None = None) -> None:
     _add_task(DDTP_TASK, _corpus_source(corpora.DDTP), _EN_DE, features, metrics.bleu)
     synopsis = functools.partial(summarize, article_key="document", summary_key="synopsis")
     _add_task(SUMMARIZE_TASK, _corpus_source(corpora.SUMMARIZE), synopsis, features, summary_rouge)
-    _add_task(CORRECT_TASK, _corpus_source(corpora.CORRECT), correct, features, correction_scores)
+    _add_task(
+        CORRECT_TASK, _corpus_source(corpora.CORRECT), correct, features, metrics.correction_scores
+    )
 
 
 def t5_vocabulary() -> seqio.Vocabulary:

@@ -9,7 +9,7 @@ import json
 import pytest
 import seqio
 
-from specdec_t5x import tasks
+from specdec_t5x import metrics, tasks
 from specdec_t5x.data import apt, build, corpora, correction, noise
 
 TRANSLATION_EN = """\
@@ -169,7 +169,7 @@ def test_correction_task_yields_corrupted_inputs_and_clean_targets(tmp_path, mon
     correction.build_correction_corpus(tmp_path)
     monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
     task = seqio.get_mixture_or_task(tasks.CORRECT_TASK)
-    assert tasks.CORRECT_TASK in tasks.TASK_NAMES and task.metric_fns == [tasks.correction_scores]
+    assert tasks.CORRECT_TASK in tasks.TASK_NAMES and task.metric_fns == [metrics.correction_scores]
     dataset = task.get_dataset({"inputs": 64, "targets": 64}, split="test", shuffle=False)
     examples = list(dataset.as_numpy_iterator())
     rows = _rows(tmp_path, "test")
@@ -185,10 +185,12 @@ def test_correction_task_yields_corrupted_inputs_and_clean_targets(tmp_path, mon
 
 
 def test_correction_scores_on_known_strings():
-    scores = tasks.correction_scores(["It is fast.", "Zed parses files."], ["It is fast.", "Zed."])
+    scores = metrics.correction_scores(
+        ["It is fast.", "Zed parses files."], ["It is fast.", "Zed."]
+    )
     assert scores["exact_match"] == 50.0
     assert 0.0 < scores["chrf"] < 100.0 and 0.0 < scores["bleu"] < 100.0
-    perfect = tasks.correction_scores(["It is fast."], ["It is fast."])
+    perfect = metrics.correction_scores(["It is fast."], ["It is fast."])
     assert perfect["exact_match"] == 100.0 and perfect["chrf"] == pytest.approx(100.0)
     with pytest.raises(ValueError, match="1 targets but 2 predictions"):
-        tasks.correction_scores(["a"], ["a", "b"])
+        metrics.correction_scores(["a"], ["a", "b"])

@@ -122,7 +122,7 @@ def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, 
     assert costs["c"] == written["c_measured"] and "c_alone" in costs and "step_timer" in costs
     table = (out / "table_row.md").read_text()
     header, _, row = table.strip().splitlines()[:3]
-    cells = dict(zip(_cells(header), _cells(row)))
+    cells = dict(zip(_cells(header), _cells(row), strict=True))
     if costs["degenerate"]:  # tiny models on a busy CPU: timings are noise, flagged as such
         # The c cell says why (naming the bad value); no value is reported as a result.
         assert cells["c"].startswith("n/a (degenerate: ")

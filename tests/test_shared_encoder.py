@@ -183,7 +183,7 @@ def test_training_keeps_the_target_encoder_frozen_and_exports_the_draft_only(tmp
     )
     pairs = copy_pairs(60, 0)
     draft_model = models.EncoderDecoderModel(module)
-    with pytest.raises(ValueError, match="not top-level"):
+    with pytest.raises(ValueError, match="match no parameter"):
         train.train(draft_model, pairs, pairs[:8], num_steps=4, frozen_params=("enc",), **common)
     frozen = tuple(drafts.TARGET_ENCODER_SUBTREES)
     final = train.train(draft_model, pairs, pairs[:8], num_steps=4, frozen_params=frozen, **common)

@@ -1,7 +1,9 @@
 """Training loop: packing, distillation loss, and a resumable smoke run on a synthetic copy task."""
 
 import json
+import re
 
+import flax
 import gin
 import jax
 import jax.numpy as jnp
@@ -12,7 +14,7 @@ from conftest import tiny_config
 from specdec_t5x import embedded, gin_utils, models, network
 from specdec_t5x.data import packing
 from specdec_t5x.training import checkpoints as train_checkpoints
-from specdec_t5x.training import distill, train, validation
+from specdec_t5x.training import distill, freezing, train, validation
 
 
 class DigitVocabulary:
@@ -202,10 +204,12 @@ def test_shipped_params_fit_their_gin_architectures(clean_gin, task, draft):
         assert jax.tree.map(lambda x: (x.shape, x.dtype), params) == expected
 
 
-def test_quality_metric_bleu_or_rouge():
+def test_quality_metric_bleu_rouge_or_correction():
     assert set(validation.quality(["the cat sat"], ["the cat sat"], "bleu")) == {"bleu"}
     rouge = validation.quality(["the cat sat"], ["the cat ran"], "rouge")
     assert rouge == pytest.approx({"rouge1": 200 / 3, "rouge2": 50.0, "rougeL": 200 / 3})
+    correction = validation.quality(["It is fast."], ["It is fast."], "correction")
+    assert correction["exact_match"] == 100.0 and set(correction) == {"exact_match", "chrf", "bleu"}
     with pytest.raises(ValueError, match="'meteor'"):
         validation.quality([], [], "meteor")
 
@@ -224,3 +228,79 @@ def test_plot_curves_offsets_resumed_runs(tmp_path):
     assert out.stat().st_size > 0
     with pytest.raises(ValueError, match="'c'"):
         validation.plot_curves({"a": run}, out, step_offsets={"c": 5})
+
+
+def test_freezing_patterns_pick_subtrees_and_wildcards():
+    patterns = ("token_embedder", "decoder/logits_dense", "*/mlp/*")
+    assert freezing.matches("token_embedder/embedding", patterns)
+    assert freezing.matches("decoder/logits_dense/kernel", patterns)
+    assert freezing.matches("encoder/layers_3/mlp/wi_0/kernel", patterns)
+    assert not freezing.matches("encoder/layers_3/attention/query/kernel", patterns)
+    assert not freezing.matches("decoder/logits_densest/kernel", patterns)  # a path, not a prefix
+    with pytest.raises(ValueError, match=re.escape("['*/mpl/*'] match no parameter")):
+        freezing.check_patterns({"encoder": {"mlp": {"wo": np.zeros(2)}}}, ["*/mpl/*"])
+
+
+def test_partial_fine_tune_trains_only_its_leaves_and_ships_them_over_a_base(tmp_path, monkeypatch):
+    """Attention-only fine-tuning: frozen leaves do not move, the export holds the trained leaves
+    only with `base.json`, and `embedded.load_params` returns the whole tree the run evaluated."""
+    monkeypatch.setattr(embedded, "MODELS_DIR", tmp_path / "models")
+    module = network.Transformer(tiny_config(emb_dim=32, mlp_dim=64, head_dim=8))
+    model = models.EncoderDecoderModel(module)
+    shapes = {"encoder_input_tokens": (1, 16), "decoder_input_tokens": (1, 8)}
+    base = model.get_initial_variables(jax.random.PRNGKey(3), shapes)["params"]
+    embedded.save_params(base, embedded.params_path("base_model"), jnp.float32)
+    frozen = ("token_embedder", "decoder/logits_dense", "*/mlp/*")
+    export = tmp_path / "tuned" / "params.msgpack"
+    final = train.train(
+        model,
+        copy_pairs(200, 0),
+        copy_pairs(8, 1),
+        run_dir=tmp_path / "run",
+        num_steps=6,
+        batch_size=8,
+        optimizer=train.make_optimizer("adamw", 3e-3, warmup_steps=2, num_steps=6),
+        vocabulary=DigitVocabulary(),
+        max_input_len=16,
+        max_target_len=16,
+        log_every=3,
+        eval_every=0,
+        num_eval_decode_examples=8,
+        eval_batch_size=8,
+        decode_len=8,
+        progress=False,
+        init_params=base,
+        frozen_params=frozen,
+        export_path=export,
+        export_dtype=jnp.float32,
+        export_base="base_model",
+    )
+    assert final["num_steps"] == 6
+    stored = freezing.flat(flax.serialization.msgpack_restore(export.read_bytes()))
+    assert stored and not any(freezing.matches(path, frozen) for path in stored)
+    assert json.loads((export.parent / "base.json").read_text())["base"] == "base_model"
+    loaded, base_flat = freezing.flat(embedded.load_params(path=export)), freezing.flat(base)
+    assert set(loaded) == set(base_flat)
+    for path, leaf in loaded.items():
+        if freezing.matches(path, frozen):
+            np.testing.assert_array_equal(leaf, base_flat[path])
+        else:
+            np.testing.assert_array_equal(leaf, stored[path])
+    changed = [p for p in stored if not np.array_equal(stored[p], base_flat[p])]
+    assert any("attention" in p for p in changed)  # the run did train
+    # A base that changed since is refused, naming both digests.
+    embedded.save_params(jax.tree.map(lambda x: x + 1, base), embedded.params_path("base_model"))
+    with pytest.raises(ValueError, match="base model changed"):
+        embedded.load_params(path=export)
+    with pytest.raises(ValueError, match="needs frozen_params"):
+        train.train(
+            model,
+            [],
+            [],
+            run_dir=tmp_path / "r2",
+            num_steps=1,
+            batch_size=8,
+            vocabulary=DigitVocabulary(),
+            optimizer=train.make_optimizer("adamw", 1e-3),
+            export_base="base_model",
+        )

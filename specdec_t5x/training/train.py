@@ -40,7 +40,7 @@ import tqdm
 from specdec_t5x import embedded, models
 from specdec_t5x.data import packing
 from specdec_t5x.training import checkpoints as train_checkpoints
-from specdec_t5x.training import distill, validation
+from specdec_t5x.training import distill, freezing, validation
 
 Array = jax.Array
 Batch = dict[str, np.ndarray]
@@ -114,8 +114,9 @@ def make_train_step(
 ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
     """Jitted `step(state, batch, rng, distill_params, loss_weights) -> (state, metrics)`.
 
-    Gradients are taken only with respect to the top-level subtrees not in `frozen` (the frozen
-    ones get zero gradients, so no backward pass runs through them).
+    Gradients are taken only with respect to the leaves not matched by the `frozen` patterns
+    (`freezing.matches`: subtree paths such as `'encoder'` or wildcards such as `'*/mlp/*'`); the
+    frozen ones get zero gradients.
 
     `state` is donated. The dropout key of step t is `fold_in(rng, t)`, so a resumed run draws the
     same masks. `distill_params` are the frozen target's parameters and `loss_weights` float32 [2]
@@ -143,12 +144,11 @@ def make_train_step(
                 xent_weight=loss_weights[0],
                 target_temperature=target_temperature,
             )
-        fixed = {k: v for k, v in state.params.items() if k in frozen}
-        trained = {k: v for k, v in state.params.items() if k not in frozen}
+        trained, fixed = freezing.split(state.params, frozen)
         (_, step_metrics), grads = jax.value_and_grad(
-            lambda t: loss_fn({**t, **fixed}), has_aux=True
+            lambda t: loss_fn(freezing.nested({**t, **fixed})), has_aux=True
         )(trained)
-        grads = {**grads, **jax.tree_util.tree_map(jnp.zeros_like, fixed)}
+        grads = freezing.nested({**grads, **jax.tree_util.tree_map(jnp.zeros_like, fixed)})
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         step_metrics["grad_norm"] = optax.global_norm(grads)
@@ -214,6 +214,7 @@ def train(
     frozen_params: Sequence[str] = (),
     export_path: str | os.PathLike | None = None,
     export_dtype: Any = jnp.bfloat16,
+    export_base: str | None = None,
     test_data: Sequence[tuple[str, str]] | None = None,
     num_test_examples: int | None = None,
     quality_metric: str = "bleu",
@@ -257,11 +258,17 @@ def train(
         batches` at a time per source, afresh every `regenerate_every` steps
         (`distill.MixedBatches`); decoding length `max_target_len`, batch `batch_size`.
       init_params: start from these parameters instead of a random init.
-      frozen_params: top-level subtrees of the parameters kept as they are (no update, no weight
-        decay: `optax.set_to_zero`) and left out of the export, e.g. the target's encoder inside
-        a `network.TargetEncoderTransformer` draft (`drafts.TARGET_ENCODER_SUBTREES`).
+      frozen_params: parameters kept as they are (no update, no weight decay: `optax.
+        set_to_zero`) and left out of the export: subtree paths or shell wildcards over
+        `/`-joined leaf paths (`training.freezing`), e.g. the target's encoder inside a
+        `network.TargetEncoderTransformer` draft (`drafts.TARGET_ENCODER_SUBTREES`), or
+        `('token_embedder', 'decoder/logits_dense', '*/mlp/*')` to fine-tune attention only.
       export_path: write the final parameters here (`embedded.save_params`, `export_dtype`); the
-        final evaluation then uses the exported (rounded) parameters (and the frozen subtrees).
+        final evaluation then uses the exported (rounded) parameters (and the frozen leaves).
+      export_base: the shipped model (`embedded.params_path` name) whose weights the frozen
+        leaves are: the export then records it (`embedded.save_params(base=...)`) so that
+        `embedded.load_params` returns the whole tree. Needs `frozen_params` and `init_params`
+        equal to that model's parameters (checked at export).
       test_data: pairs for the final test BLEU (the first `num_test_examples`, None: all).
       quality_metric: `'bleu'` or `'rouge'` (ROUGE-1/2/L) of greedy decodes (`quality`).
       progress: show the tqdm bar.
@@ -277,6 +284,8 @@ def train(
     optimizer = optimizer or model.optimizer_def
     if vocabulary is None or optimizer is None:
         raise ValueError("train needs a vocabulary and an optimizer (arguments or on the model).")
+    if export_base is not None and not frozen_params:
+        raise ValueError(f"export_base {export_base!r} needs frozen_params (the leaves it keeps).")
     if distill_from is not None and distill_params is None:
         raise ValueError("distill_from needs distill_params (the frozen target's parameters).")
     tok = functools.partial(
@@ -326,15 +335,10 @@ def train(
     init_params = jax.tree_util.tree_map(jnp.array, init_params)
     frozen = tuple(frozen_params)
     if frozen:
-        unknown = sorted(set(frozen) - set(init_params))
-        if unknown:
-            raise ValueError(
-                f"frozen_params {unknown} are not top-level parameter subtrees; have "
-                f"{sorted(init_params)}."
-            )
-        labels = {k: "frozen" if k in frozen else "trained" for k in init_params}
+        freezing.check_patterns(init_params, frozen)
         optimizer = optax.multi_transform(
-            {"trained": optimizer, "frozen": optax.set_to_zero()}, labels
+            {"trained": optimizer, "frozen": optax.set_to_zero()},
+            freezing.labels(init_params, frozen),
         )
     state = TrainState(jnp.asarray(0, jnp.int32), init_params, optimizer.init(init_params))
     checkpoints = train_checkpoints.TrainCheckpoints(run_dir / "checkpoints", keep_checkpoints)
@@ -396,9 +400,14 @@ def train(
 
     params = state.params
     if export_path is not None:
-        trained = {k: v for k, v in params.items() if k not in frozen}
-        embedded.save_params(trained, export_path, export_dtype)
-        params = {**embedded.load_params(path=export_path), **{k: params[k] for k in frozen}}
+        trained, fixed = freezing.split(params, frozen)
+        embedded.save_params(freezing.nested(trained), export_path, export_dtype, base=export_base)
+        if export_base is None:
+            params = freezing.nested(
+                {**freezing.flat(embedded.load_params(path=export_path)), **fixed}
+            )
+        else:  # the frozen leaves are the base model's: what a user loads is what is evaluated
+            params = embedded.load_params(path=export_path)
     final = {**evaluate(params, step), "num_steps": step, "train_wall_s": elapsed_s}
     if test_data is not None:
         test_pairs = list(test_data[:num_test_examples])

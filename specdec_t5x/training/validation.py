@@ -78,12 +78,13 @@ def greedy_translations(
     return outputs
 
 
-QUALITY_METRICS = ("bleu", "rouge")
+QUALITY_METRICS = ("bleu", "rouge", "correction")
 
 
 def quality(references: Sequence[str], predictions: Sequence[str], metric: str) -> dict[str, float]:
-    """`{'bleu': ...}` (`metrics.bleu`) or `{'rouge1', 'rouge2', 'rougeL': ...}` (`metrics.
-    rouge_mean`, deterministic mean F-measure x 100) of predictions against references.
+    """`{'bleu': ...}` (`metrics.bleu`), `{'rouge1', 'rouge2', 'rougeL': ...}` (`metrics.
+    rouge_mean`, deterministic mean F-measure x 100) or `{'exact_match', 'chrf', 'bleu'}`
+    (`metrics.correction_scores`) of predictions against references.
 
     Raises:
       ValueError: `metric` not in `QUALITY_METRICS`.
@@ -93,6 +94,8 @@ def quality(references: Sequence[str], predictions: Sequence[str], metric: str) 
     if metric == "rouge":
         keys = ("rouge1", "rouge2", "rougeL")
         return metrics.rouge_mean(list(references), list(predictions), score_keys=keys)
+    if metric == "correction":
+        return metrics.correction_scores(list(references), list(predictions))
     raise ValueError(f"quality metric must be one of {QUALITY_METRICS}; got {metric!r}.")
 
 
