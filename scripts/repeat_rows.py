@@ -3,6 +3,7 @@
   python scripts/repeat_rows.py demo --out results/demo_repeated              # the demo's rows
   python scripts/repeat_rows.py paper_regime --out results/paper_regime       # widened targets
   python scripts/repeat_rows.py paper_regime --rows ende_base_t0 --repeats 3 --gin.NUM_EXAMPLES=20
+  python scripts/repeat_rows.py correction --out results/correction                # copy drafts
 
 Round r runs every row once, in an order shuffled with seed r (the VM drifts 10-25 % within an
 hour: interleaving spreads the drift over the rows). Each run is `python -m specdec_t5x.eval` into
@@ -24,6 +25,15 @@ ROW_SETS = {
     "paper_regime": {  # the shipped En→De pair with the target widened at load (TARGET_SHAPE)
         f"ende_{shape}_t{t}": [T0 if t == 0 else T1, f"--gin.TARGET_SHAPE='{shape}'"]
         for shape in ("base", "large", "small")
+        for t in (0, 1)
+    },
+    "correction": {  # ddtp_correct_en with the copy drafts, shipped target and base shape
+        f"correct_{shape}_{draft}_t{t}": [
+            f"gin/experiments/embedded_correct_{draft}_t{t}.gin",
+            *([f"--gin.TARGET_SHAPE='{shape}'"] if shape != "embedded" else []),
+        ]
+        for shape in ("embedded", "base")
+        for draft in ("aligned_copy", "source_copy")
         for t in (0, 1)
     },
 }
