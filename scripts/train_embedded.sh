@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces the embedded En→De models shipped in specdec_t5x/assets/models/ (results/training/).
 #
-#   scripts/train_embedded.sh [data|target|draft|distill|sum_ngram|sum_target|sum_draft|correct_target|report|all]
+#   scripts/train_embedded.sh [data|target|draft|distill|sum_ngram|sum_target|sum_draft|correct_target|correct_report|
+#                             report|all]
 #   (default: all = data, target, draft, report; the other stages run only when named)
 #
 # data:   builds the DDTP corpus (python -m specdec_t5x.data.build) and checks the checksums of
@@ -22,6 +23,7 @@
 # correct_target: the text-correction target (ddtp_correct_en, gin/runs/correct.gin): the shipped
 #         summarization target with its attention and norms fine-tuned (embeddings, logits layer and
 #         MLPs frozen); exports the changed leaves only, with base.json naming embedded_sum_target.
+# correct_report: the correction target's record into results/training/ (scores, unchanged inputs).
 # report: loss curves, decode-step timings and asset sizes into results/training/.
 #
 # Runs are resumable: rerunning a stage after a kill continues from its last orbax checkpoint in
@@ -141,6 +143,20 @@ if [[ $STAGE == correct_target ]]; then
     --gin.train.train.export_path="'$MODELS/embedded_correct_target/params.msgpack'"
 fi
 
+if [[ $STAGE == correct_report ]]; then
+  # The correction target's training record: curves, final scores, and how often it leaves an
+  # input unchanged against how often the reference changes it (validation.correction_report).
+  OUT=results/training
+  name=embedded_correct_target
+  for f in final_metrics.json metrics.jsonl operative_config.gin command.txt environment.json; do
+    cp $RUNS/$name/$f $OUT/${name}_$f
+  done
+  head -n 10 $RUNS/$name/test_predictions.jsonl > $OUT/${name}_test_predictions_first10.jsonl
+  $PY -m specdec_t5x.training.validation correction_report $RUNS/$name/test_predictions.jsonl \
+    > $OUT/${name}_correction_report.json
+  cat $OUT/${name}_correction_report.json
+fi
+
 if [[ $STAGE == report || $STAGE == all ]]; then
   OUT=results/training
   mkdir -p $OUT
@@ -159,12 +175,13 @@ if [[ $STAGE == report || $STAGE == all ]]; then
   # by the project's benchmark (interleaved rounds, medians; c = draft / target).
   $PY - <<'PYEOF' | tee $OUT/decode_step.json
 import json
-from specdec_t5x import benchmark, gin_utils
+from specdec_t5x import gin_utils
+from specdec_t5x.bench import random_pair
 gin_utils.parse(
     ["models/embedded_ende_target.gin", "models/embedded_ende_draft.gin"],
     ["VOCABULARY = None", "gin_utils.build.obj = (%TARGET_MODULE, %DRAFT_MODULE)"])
 target, draft = gin_utils.build()
-costs = benchmark.measure_step_costs(target.config, draft.config, batch=1, enc_len=64, max_len=128)
+costs = random_pair.measure_step_costs(target.config, draft.config, batch=1, enc_len=64, max_len=128)
 print(json.dumps(costs, indent=2, default=str))
 PYEOF
   du -b specdec_t5x/assets/models/*/params.msgpack specdec_t5x/assets/vocab/spm_8k.model \

@@ -304,3 +304,18 @@ def test_partial_fine_tune_trains_only_its_leaves_and_ships_them_over_a_base(tmp
             optimizer=train.make_optimizer("adamw", 1e-3),
             export_base="base_model",
         )
+
+
+def test_correction_report_counts_what_the_model_and_the_references_change():
+    rows = [
+        {"input": "It are fast.", "reference": "It is fast.", "prediction": "It is fast."},  # fixed
+        {"input": "Zed prases.", "reference": "Zed parses.", "prediction": "Zed prases."},  # missed
+        {"input": "Clean text.", "reference": "Clean text.", "prediction": "Clean text."},  # kept
+        {"input": "Also clean.", "reference": "Also clean.", "prediction": "Also, clean."},  # broke
+    ]
+    report = validation.correction_report(rows)
+    assert report["exact_match"] == 50.0 and report["examples"] == 4
+    assert report["references_changed"] == 2 and report["predictions_unchanged"] == 2
+    assert (report["fixed"], report["kept_clean"], report["broke_clean"]) == (1, 1, 1)
+    with pytest.raises(ValueError, match="at least one row"):
+        validation.correction_report([])

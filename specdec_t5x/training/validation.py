@@ -172,3 +172,56 @@ def plot_curves(
     fig.tight_layout()
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
+
+
+def correction_report(rows: Sequence[Mapping[str, str]]) -> dict[str, Any]:
+    """What a text-correction model does to its inputs, beside what the references do.
+
+    Args:
+      rows: `{'input', 'reference', 'prediction'}` texts (`train`'s `test_predictions.jsonl`; the
+        input without the task prefix).
+
+    Returns:
+      `metrics.correction_scores` (exact match, chrF, BLEU; 0-100) plus counts: `examples`,
+      `references_changed` (reference != input), `predictions_unchanged` (prediction ==
+      input), `fixed` (reference != input and prediction == reference), `kept_clean`
+      (reference == input and prediction == input), `broke_clean` (reference == input and
+      prediction != input).
+
+    Raises:
+      ValueError: `rows` is empty.
+    """
+    if not rows:
+        raise ValueError("correction_report needs at least one row.")
+    refs = [r["reference"] for r in rows]
+    report: dict[str, Any] = dict(metrics.correction_scores(refs, [r["prediction"] for r in rows]))
+    changed = [r["reference"] != r["input"] for r in rows]
+    same = [r["prediction"] == r["input"] for r in rows]
+    right = [r["prediction"] == r["reference"] for r in rows]
+    report.update(
+        examples=len(rows),
+        references_changed=sum(changed),
+        predictions_unchanged=sum(same),
+        fixed=sum(c and ok for c, ok in zip(changed, right, strict=True)),
+        kept_clean=sum(not c and s for c, s in zip(changed, same, strict=True)),
+        broke_clean=sum(not c and not s for c, s in zip(changed, same, strict=True)),
+    )
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m specdec_t5x.training.validation correction_report PREDICTIONS.jsonl`: prints
+    `correction_report` of a run's test predictions as JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("command", choices=["correction_report"])
+    parser.add_argument("predictions", help="test_predictions.jsonl of a train run")
+    args = parser.parse_args(argv)
+    with open(args.predictions, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    print(json.dumps(correction_report(rows), indent=2))
+
+
+if __name__ == "__main__":
+    main()
