@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: speculative vs baseline decoding of DDTP En→De test
-# sentences with the shipped target and T5 draft, at T = 0 (argmax) and T = 1 (sampling).
+# sentences with the shipped target and T5 draft, at T = 0 (argmax) and T = 1 (sampling), and of
+# text correction (ddtp_correct_en) with the aligned source-copy draft at T = 0.
 #
 #   bash scripts/demo.sh            # NUM_EXAMPLES=100 OUT=runs/demo (untracked) by default
 #
 # The committed results/demo/ was made with `OUT=results/demo bash scripts/demo.sh`.
 # Sets up .venv if missing, builds the Debian corpus if missing (apt, ~20 s), runs the eval job on
-# the embedded pair at T = 0 and 1 and on the pair with the target widened to the T5 1.1 base
-# shape at T = 0, prints one table and where the results went.
+# the embedded pair at T = 0 and 1, on the pair with the target widened to the T5 1.1 base shape at
+# T = 0 and on the correction target with the aligned copy draft, prints one table and where the
+# results went.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NUM_EXAMPLES=${NUM_EXAMPLES:-100}
@@ -32,8 +34,13 @@ done
   --gin.TARGET_SHAPE="'base'" --gin.GAMMA=5 --gin.GAMMAS=None \
   --gin.NUM_EXAMPLES=$BASE_EXAMPLES \
   --gin.EVAL_OUTPUT_DIR="'$OUT/base_shape_ende_model_t0'"
+# Where the source is the draft: text correction with the aligned source-copy draft (no model).
+.venv/bin/python -m specdec_t5x.eval --overwrite \
+  --gin_file=gin/experiments/embedded_correct_aligned_copy_t0.gin --gin.GAMMAS=None \
+  --gin.NUM_EXAMPLES=$NUM_EXAMPLES \
+  --gin.EVAL_OUTPUT_DIR="'$OUT/embedded_correct_aligned_copy_t0'"
 echo
 .venv/bin/python scripts/render_tables.py "$OUT/embedded_ende_model_t0" "$OUT/embedded_ende_model_t1" \
-  "$OUT/base_shape_ende_model_t0" --out "$OUT/table.md"
+  "$OUT/base_shape_ende_model_t0" "$OUT/embedded_correct_aligned_copy_t0" --out "$OUT/table.md"
 echo
 echo "Results: $OUT/*/metrics.json, predictions.jsonl, speedup.png; table: $OUT/table.md"

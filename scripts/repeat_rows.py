@@ -27,13 +27,13 @@ ROW_SETS = {
         for shape in ("base", "large", "small")
         for t in (0, 1)
     },
-    "correction": {  # ddtp_correct_en with the copy drafts, shipped target and base shape
+    "correction": {  # ddtp_correct_en: copy drafts and the T5 draft, shipped and base shape
         f"correct_{shape}_{draft}_t{t}": [
             f"gin/experiments/embedded_correct_{draft}_t{t}.gin",
             *([f"--gin.TARGET_SHAPE='{shape}'"] if shape != "embedded" else []),
         ]
         for shape in ("embedded", "base")
-        for draft in ("aligned_copy", "source_copy")
+        for draft in ("aligned_copy", "source_copy", "model")
         for t in (0, 1)
     },
 }

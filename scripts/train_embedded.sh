@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces the embedded En→De models shipped in specdec_t5x/assets/models/ (results/training/).
 #
-#   scripts/train_embedded.sh [data|target|draft|distill|sum_ngram|sum_target|sum_draft|correct_target|correct_report|
-#                             report|all]
+#   scripts/train_embedded.sh [data|target|draft|distill|sum_ngram|sum_target|sum_draft|
+#                             correct_target|correct_draft|correct_report|report|all]
 #   (default: all = data, target, draft, report; the other stages run only when named)
 #
 # data:   builds the DDTP corpus (python -m specdec_t5x.data.build) and checks the checksums of
@@ -23,6 +23,8 @@
 # correct_target: the text-correction target (ddtp_correct_en, gin/runs/correct.gin): the shipped
 #         summarization target with its attention and norms fine-tuned (embeddings, logits layer and
 #         MLPs frozen); exports the changed leaves only, with base.json naming embedded_sum_target.
+# correct_draft: a T5 draft for it: the summarization draft with every layer distilled on-policy
+#         from the correction target (embeddings and logits layer frozen; base embedded_sum_draft).
 # correct_report: the correction target's record into results/training/ (scores, unchanged inputs).
 # report: loss curves, decode-step timings and asset sizes into results/training/.
 #
@@ -141,6 +143,24 @@ if [[ $STAGE == correct_target ]]; then
     --gin.BATCH_SIZE=24 \
     --gin.SEED=0 \
     --gin.train.train.export_path="'$MODELS/embedded_correct_target/params.msgpack'"
+fi
+
+if [[ $STAGE == correct_draft ]]; then
+  $PY scripts/train.py \
+    --gin_file=gin/models/embedded_correct_target.gin \
+    --gin_file=gin/models/embedded_correct_draft.gin \
+    --gin_file=gin/runs/train.gin \
+    --gin_file=gin/runs/correct.gin \
+    --gin_file=gin/runs/distill.gin \
+    --gin.RUN_DIR="'$RUNS/embedded_correct_draft'" \
+    --gin.NUM_STEPS=${CORRECT_DRAFT_STEPS:-600} \
+    --gin.BATCH_SIZE=24 \
+    --gin.SEED=0 \
+    --gin.FROZEN="('token_embedder', 'decoder/logits_dense')" \
+    --gin.train.train.init_params='@draft_base/embedded.load_params()' \
+    --gin.draft_base/embedded.load_params.name="'embedded_sum_draft'" \
+    --gin.train.train.export_base="'embedded_sum_draft'" \
+    --gin.train.train.export_path="'$MODELS/embedded_correct_draft/params.msgpack'"
 fi
 
 if [[ $STAGE == correct_report ]]; then
