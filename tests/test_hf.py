@@ -256,6 +256,7 @@ def comparison_result(searched):
         "gamma": 4,
         "max_decode_len": 8,
         "num_generated_tokens": 7,
+        "num_without_eos": 0,
         "encoder_len_mean": 9.5,
         "hf_lookup_first_searched_len": searched,
         "prompt_lookup_source": vs_hf.PROMPT_LOOKUP_SOURCE,
@@ -275,6 +276,7 @@ def test_hf_comparison_table_rows_and_prompt_lookup_note():
     greedy = next(line for line in lines if line.startswith("| ours") and "| greedy |" in line)
     assert [c.strip() for c in greedy.strip("|").split("|")][-3:] == ["–", "2/2", "–"]
     assert "held 1 token (the decoder start token)" in table
+    assert "0/2 greedy outputs reached the length limit without EOS" in table
     assert "PromptLookupCandidateGenerator.get_candidates" in table
     # A transformers whose lookup saw more than the start token is reported, not hidden.
     assert "held [1, 5] token(s)" in tables.hf_comparison_table(comparison_result([1, 5]))
@@ -348,6 +350,8 @@ def test_hf_prompt_lookup_and_copy_drafts_equal_greedy_on_tiny_models(tmp_path, 
     assert result["equal"]["ours_speculative"]["ours_baseline"] == n
     assert result["equal"]["hf_baseline"]["ours_baseline"] == n
     assert result["hf_lookup_first_searched_len"] == [1]
+    # This random target never writes EOS: every output runs to the 12-token limit.
+    assert rows["ours_baseline"]["generated_tokens"] == 12 * n and result["num_without_eos"] == n
     for name in ("hf_prompt_lookup", "ours_speculative"):
         assert rows[name]["target_calls"] <= rows[name]["generated_tokens"]
     # The tiny target repeats itself, so HF's lookup in its own prefix proposes and gets drafts

@@ -228,8 +228,10 @@ def compare_with_hf(
 
     Returns:
       `summarize`'s dict plus `gamma`, `max_decode_len`, `prompt_lookup_max_ngram`,
-      `num_generated_tokens` (our baseline), `encoder_len_mean`, `hf_lookup_first_searched_len`
-      (distinct `input_ids` lengths at each example's first prompt lookup), `prompt_lookup_source`,
+      `num_generated_tokens` and `num_without_eos` (our baseline's outputs that reached
+      `max_decode_len` without EOS), `encoder_len_mean`, `hf_lookup_first_searched_len`
+      (distinct `input_ids` lengths at each example's first prompt lookup), `per_example_s`
+      ({method: seconds per example, in example order}), `prompt_lookup_source`,
       versions, thread count and parameter counts.
 
     Raises:
@@ -366,8 +368,10 @@ def compare_with_hf(
         "prompt_lookup_max_ngram": int(ngram),
         "draft_name": draft_name,
         "num_generated_tokens": sum(len(t) for t in outputs["ours_baseline"]),
+        "num_without_eos": sum(eos not in t for t in outputs["ours_baseline"]),
         "encoder_len_mean": float(np.mean([len(x) for x in encoder_inputs])),
         "hf_lookup_first_searched_len": sorted(first_searched),
+        "per_example_s": seconds,
         "prompt_lookup_source": PROMPT_LOOKUP_SOURCE,
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,

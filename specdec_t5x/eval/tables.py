@@ -378,6 +378,9 @@ def hf_comparison_table(result: dict[str, Any]) -> str:
         f"{result['encoder_len_mean']:.1f} tokens on average), {result['num_generated_tokens']} "
         f"tokens (ours greedy), at most {result['max_decode_len']} new tokens; order of the "
         "decoders drawn per example (`clock.call_order`); compilation and warm-up excluded.",
+        f"{result.get('num_without_eos', '?')}/{n} greedy outputs reached the length limit without "
+        "EOS (an output that repeats itself is where a lookup in the decoder's own prefix finds "
+        "drafts).",
         "HF's prompt lookup on an encoder-decoder model searches the decoder's own prefix, never "
         f"the encoder input ({measured}). Source: {result['prompt_lookup_source']}.",
         "target calls: HF counted by a forward pre-hook on the target (the encoder runs outside "
