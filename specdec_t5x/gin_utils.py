@@ -130,3 +130,10 @@ def build(obj=gin.REQUIRED):
 def operative_config() -> str:
     """The operative gin config (what was actually used), to save next to results."""
     return gin.operative_config_str()
+
+
+def query_macro(name: str, default=None):
+    """The value of macro `name` in the parsed config, or `default` when it is not defined."""
+    if name not in defined_macros():
+        return default
+    return gin.query_parameter(f"%{name}")

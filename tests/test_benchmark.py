@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 from conftest import init_params, tiny_config
 
-from specdec_t5x import drafts, models, network
-from specdec_t5x.bench import random_pair, vs_hf
-from specdec_t5x.eval import tables
+from specdec_t5x import models, network
+from specdec_t5x.bench import random_pair
 from specdec_t5x.timing import clock, step_timer
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "measure_c.py"
@@ -98,26 +97,6 @@ def test_time_decoder_steps_slopes_paired_by_round(monkeypatch):
 def test_measure_step_costs_rejects_bad_settings():
     with pytest.raises(ValueError, match="max_len >= gamma"):
         random_pair.measure_step_costs(tiny_config(), tiny_config(), max_len=4, gamma=3)
-
-
-def test_compare_with_hf_on_tiny_models(tmp_path):
-    pytest.importorskip("torch", reason="the HF comparison needs torch (the [hf] extra)")
-    pytest.importorskip("transformers", reason="the HF comparison needs transformers ([hf] extra)")
-    target = network.Transformer(tiny_config())
-    draft_module = network.Transformer(tiny_config(num_encoder_layers=1, num_decoder_layers=1))
-    spec_model = models.SpeculativeEncoderDecoderModel(
-        target, drafts.T5Draft(draft_module, init_params(draft_module, 2))
-    )
-    rng = np.random.RandomState(0)
-    inputs = [np.append(rng.randint(3, 32, n), 1).astype(np.int32) for n in (5, 3, 6)]
-    result = vs_hf.compare_with_hf(
-        spec_model, init_params(target, 1), inputs, max_decode_len=8, gamma=3, work_dir=tmp_path
-    )
-    assert result["num_examples"] == 3 and result["num_generated_tokens"] > 3
-    # Greedy speculative decoding is exact in both implementations, and they agree.
-    assert result["hf_assisted_equals_greedy"] == result["ours_speculative_equals_greedy"] == 3
-    assert result["ours_equals_hf"] == 3
-    assert "| HF transformers" in tables.hf_comparison_table(result)
 
 
 def test_call_order_is_a_seeded_permutation_independent_of_example_parity():
