@@ -190,7 +190,7 @@ def test_train_gin_builds_embedded_models(clean_gin, which):
     not all(embedded.params_path(f"embedded_ende_{w}").is_file() for w in ("target", "draft")),
     reason="shipped embedded models not present (scripts/train_embedded.sh makes them)",
 )
-@pytest.mark.parametrize("task,draft", [("ende", ""), ("sum", ""), ("sum", "_te")])
+@pytest.mark.parametrize("task,draft", [("ende", ""), ("sum", ""), ("sum", "_te"), ("correct", "")])
 def test_shipped_params_fit_their_gin_architectures(clean_gin, task, draft):
     gin_utils.parse(
         [f"models/embedded_{task}_target.gin", f"models/embedded_{task}_draft{draft}.gin"],
