@@ -140,6 +140,13 @@ class AutoGammaDecoder:
         """The candidate plans: γ = 0..gamma_max, then the tree shapes."""
         return [*range(self.gamma_max + 1), *self.trees]
 
+    def tree_speedups(self) -> dict[str, float | None]:
+        """{tree name: its measured speed-up so far (`auto_trees.TreeChooser.measured_speedup`;
+        None before it was timed)}; {} without trees."""
+        if self.chooser is None:
+            return {}
+        return {auto_trees.plan_name(s): self.chooser.measured_speedup(s) for s in self.trees}
+
     def _fn(self, gamma):
         if gamma not in self._fns:
             if isinstance(gamma, tuple):  # a tree: one target call verifies all its nodes

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import encoder_inputs, perturbed
+from conftest import encoder_inputs, perturbed, tiny_spec_pair
 
 from specdec_t5x import (
     auto_gamma,
@@ -12,11 +12,12 @@ from specdec_t5x import (
     drafts,
     gamma_controller,
     models,
+    sampling,
     speculative,
     theory,
     tree,
 )
-from specdec_t5x.eval import config, tables
+from specdec_t5x.eval import config, job, summary, tables
 from specdec_t5x.timing import cost_curve
 
 L = 20  # tokens of every simulated call's longest row
@@ -311,6 +312,8 @@ def test_auto_with_trees_in_argmax_mode_equals_greedy_and_runs_the_faster_tree(p
     assert names[0] == "1"  # the probe measures α first
     assert names.count("tree(2,2)") >= 4 and "tree(3,1)" not in names
     assert all(p > 1.0 for c, p in choices if c.startswith("tree"))
+    measured = decoder.tree_speedups()
+    assert sorted(measured) == ["tree(2,2)", "tree(3,1)"] and measured["tree(2,2)"] > 1.0
     with pytest.raises(ValueError, match="calibration"):
         auto_gamma.AutoGammaDecoder(
             spec_model, params, settings=GREEDY, trees=((2, 2),), calibration_rounds=0
@@ -337,3 +340,33 @@ def test_slow_trees_leave_the_chain_choices_as_without_trees(pair, monkeypatch):
     assert with_trees == alone and not any(c.startswith("tree") for c, _ in with_trees)
     assert controller.history == alone_controller.history
     assert controller.timed_calls == alone_controller.timed_calls
+
+
+@pytest.mark.slow
+def test_eval_job_reports_auto_tree_choices_by_name(data_dir, tmp_path, monkeypatch):
+    """AUTO_TREES wiring of the eval job: with the tree's measured speed-up forced high (the
+    choice itself is tested above), the auto row names it and stays exact at T = 0."""
+    real_best = auto_trees.TreeChooser.best_tree
+    monkeypatch.setattr(
+        auto_trees.TreeChooser,
+        "best_tree",
+        lambda self: None if (b := real_best(self)) is None else (b[0], 100.0),
+    )
+    spec_model, params = tiny_spec_pair()
+    out = tmp_path / "out"
+    metrics = job.evaluate(
+        spec_model,
+        params,
+        str(out),
+        data=config.DataConfig("ddtp_ende", "test", 3, 1, 32, 12),
+        speculation=config.SpeculationConfig(
+            1, ["auto"], 1, "draft", [(2, 2)], "without_replacement", auto_trees=True
+        ),
+        sampling_settings=sampling.SamplingSettings(0.0, 0, 0.0),
+        measure=config.MeasureConfig(0, 2, False, False),
+    )
+    auto = summary.flat(metrics)["auto"]
+    assert auto["gamma_chosen"] == {"1": 1, "tree(2,2)": 2}  # the probe, then the tree
+    assert [c["gamma"] for c in auto["calls"]] == [1, "tree(2,2)", "tree(2,2)"]
+    assert auto["identical_fraction"] == 1.0 and set(auto["tree_measured_speedup"]) == {"tree(2,2)"}
+    assert "auto (1×1, tree(2,2)×2)" in (out / "table_row.md").read_text()

@@ -199,6 +199,8 @@ def evaluate(
                     summary.add_auto_row(flat, runs, choices, gamma == "auto", quality_args)
                     flat["auto"]["cost_curve"] = fns["auto"].controller.curve.to_dict()
                     flat["auto"]["calls"] = fns["auto"].controller.history
+                    if fns["auto"].trees:  # AUTO_TREES: what each tree measured
+                        flat["auto"]["tree_measured_speedup"] = fns["auto"].tree_speedups()
             if measure.diagnostics and gamma != "auto":
                 with phase("diagnostics: where the time goes"):
                     budget = diagnostics.eval_time_budget(
