@@ -53,6 +53,10 @@ class GammaConfig:
       speculate_every: while off with the best γ predicted above `retime_min_predicted`, every
         n-th call runs it (0: never), so that a faster phase of the machine is noticed.
       retime_min_predicted: that prediction threshold (near break-even, within the model's error).
+      tree_margin: with token trees among the plans (`auto_trees.TreeChooser`), a tree is chosen
+        only when its measured speed-up exceeds this times the chains' (the chosen γ's prediction,
+        its measured speed-up if confirmed, 1 when off): a tree has no model, so its few timed
+        calls scatter by a few per cent and a near tie must stay with the modelled chain.
 
     Raises:
       ValueError: a knob that is not a finite number >= 0, or min_speedup <= 0.
@@ -73,6 +77,7 @@ class GammaConfig:
     max_explore_calls: int = 12
     speculate_every: int = 8
     retime_min_predicted: float = 0.95
+    tree_margin: float = 1.02
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -84,6 +89,8 @@ class GammaConfig:
                 )
         if self.min_speedup <= 0:
             raise ValueError(f"min_speedup must be a finite number > 0; got {self.min_speedup!r}.")
+        if self.tree_margin <= 0:
+            raise ValueError(f"tree_margin must be a finite number > 0; got {self.tree_margin!r}.")
 
 
 def _mean_variance(total: float, sq_total: float, n: int) -> tuple[float, float]:
@@ -117,8 +124,9 @@ class GammaController:
       prior_alpha: α before any β was measured (None: probe with γ = 1); taken as known (no
         exploration margin before a measured call).
       config: the tuning knobs.
-      history: one record per observed call: {'gamma', 'reason' ('probe', 'time_baseline',
-        'retime_baseline', 'best', 'confirmed', 'explore', 'retime_speculative', 'off'),
+      history: one record per observed call: {'gamma' (a tree's name for a tree call:
+        `observe_unmodelled`), 'reason' ('probe', 'time_baseline', 'retime_baseline', 'best',
+        'confirmed', 'explore', 'retime_speculative', 'off'; 'tree' from `auto_trees`),
         'predicted' (that γ's prediction or None), 'alpha' (α̂ at the choice), 'ms' (wall ms),
         'longest_tokens', 'iterations'}.
       The other fields are the running state, commented where they are declared.
@@ -401,11 +409,39 @@ class GammaController:
             self.time_baseline(seconds, longest_tokens)  # ρ_b, its spread, the timed calls
         else:
             self._observe_speculative(gamma, seconds, longest_tokens, iterations)
-        self.calls_since_baseline = 0 if gamma == 0 else self.calls_since_baseline + 1
-        self.calls_since_speculative = 0 if gamma > 0 else self.calls_since_speculative + 1
+        self._count_call(int(gamma), seconds, longest_tokens, iterations, gamma == 0, gamma > 0)
+
+    def observe_unmodelled(
+        self, label: str, seconds: float, longest_tokens: int, iterations: int | None = None
+    ) -> None:
+        """Records one timed call of a plan the cost model does not cover (a token tree,
+        `auto_trees`): it counts toward L (the call lengths), the history (as `label`) and the
+        re-timing counters (neither a baseline nor a chain call), not toward α, η, ρ or γ's
+        timed calls (its timing is `auto_trees.TreeChooser`'s own).
+
+        Args:
+          label: the plan's name in the history (e.g. 'tree(3,2,1)').
+          seconds, longest_tokens, iterations: as `observe`'s.
+
+        Raises:
+          ValueError: negative or non-finite seconds or longest_tokens < 1.
+        """
+        if not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1:
+            raise ValueError(
+                f"observe_unmodelled needs seconds >= 0 and longest_tokens >= 1; got "
+                f"{seconds!r}, {longest_tokens!r}."
+            )
+        self._count_call(label, seconds, longest_tokens, iterations, False, False)
+
+    def _count_call(
+        self, label, seconds: float, longest_tokens: int, iterations, baseline: bool, chain: bool
+    ) -> None:
+        """`observe`'s bookkeeping common to every plan: re-timing counters, history, L."""
+        self.calls_since_baseline = 0 if baseline else self.calls_since_baseline + 1
+        self.calls_since_speculative = 0 if chain else self.calls_since_speculative + 1
         choice = self.last_choice or {"reason": None, "alpha": None, "predicted": None}
         iterations = None if iterations is None else int(iterations)
-        record = {"gamma": int(gamma), **choice, "ms": 1e3 * float(seconds)}
+        record = {"gamma": label, **choice, "ms": 1e3 * float(seconds)}
         self.history.append(
             {**record, "longest_tokens": int(longest_tokens), "iterations": iterations}
         )

@@ -69,6 +69,8 @@ class SpeculationConfig:
       trees: extra rows with token trees, each its per-depth branching factors (e.g.
         [(2, 2), (3, 2, 1)]; `tree.parse_tree`), verified in one target call per iteration.
       tree_rule: the trees' acceptance rule at T > 0 (`tree.TREE_RULES`).
+      auto_trees: auto also chooses among `trees` (`auto_trees.TreeChooser`: a tree runs when
+        its measured speed-up beats the chains'); False: chains and off only. Needs `trees`.
     """
 
     gamma: int | str
@@ -77,6 +79,7 @@ class SpeculationConfig:
     draft_name: str = "draft"
     trees: Sequence[Sequence[int]] | None = None
     tree_rule: str = "without_replacement"
+    auto_trees: bool = False
 
     def __post_init__(self):
         requested = [self.gamma, *(self.gammas or ())]
@@ -99,6 +102,9 @@ class SpeculationConfig:
                 tree.parse_tree(tuple(shape))
             except (TypeError, ValueError) as err:
                 raise ValueError(f"TREES: bad tree {shape!r}: {err}") from None
+        _check_bool(self.auto_trees, "auto_trees", "AUTO_TREES")
+        if self.auto_trees and not self.trees:
+            raise ValueError("auto_trees (gin: AUTO_TREES) = True needs tree shapes in TREES.")
         if self.tree_rule not in tree.TREE_RULES:
             raise ValueError(
                 f"tree_rule (gin: TREE_RULE) must be one of {tree.TREE_RULES}; got "

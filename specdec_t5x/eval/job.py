@@ -36,7 +36,7 @@ import jax
 import numpy as np
 import tqdm
 
-from specdec_t5x import auto_gamma, cpu_kernel, models, multihost, provenance, steps
+from specdec_t5x import auto_gamma, auto_trees, cpu_kernel, models, multihost, provenance, steps
 from specdec_t5x import inputs as inputs_lib
 from specdec_t5x import sampling as sampling_lib
 from specdec_t5x.eval import checks, config, costs, diagnostics, outputs, summary, tables
@@ -199,6 +199,8 @@ def evaluate(
                     summary.add_auto_row(flat, runs, choices, gamma == "auto", quality_args)
                     flat["auto"]["cost_curve"] = fns["auto"].controller.curve.to_dict()
                     flat["auto"]["calls"] = fns["auto"].controller.history
+                    if fns["auto"].trees:  # AUTO_TREES: what each tree measured
+                        flat["auto"]["tree_measured_speedup"] = fns["auto"].tree_speedups()
             if measure.diagnostics and gamma != "auto":
                 with phase("diagnostics: where the time goes"):
                     budget = diagnostics.eval_time_budget(
@@ -332,6 +334,8 @@ def _decoders(spec_model, target_params, draft_params, settings, speculation, me
             gamma_max=speculation.auto_gamma_max,
             cost_repeats=measure.cost_repeats,
             baseline_sampler=fns["baseline_model"].default_decoder_params["sampler"],
+            trees=speculation.trees if speculation.auto_trees else (),
+            tree_rule=speculation.tree_rule,
         )
     return fns
 
@@ -469,7 +473,8 @@ def _decode_one(fns, key, batch, rng, compiles):
         auto.observe(g, seconds, tokens, aux)  # measured vs modelled
         stats = aux.get("stats")
         stats = None if stats is None else jax.tree_util.tree_map(np.asarray, stats)
-        return np.asarray(tokens), seconds, stats, (g, predicted)
+        plan = g if isinstance(g, int) else auto_trees.plan_name(g)  # 'tree(2,2)'
+        return np.asarray(tokens), seconds, stats, (plan, predicted)
     (tokens, aux), seconds = costs.timed(
         fns["spec_fns"][key], tp, dp, batch, rng, compiles=compiles
     )
