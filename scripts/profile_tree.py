@@ -13,7 +13,7 @@ median is reported (other processes share the machine: medians, not means).
 
 Rows:
 * `iteration/tree(...)`, `iteration/chain γ=g`: one whole decode (`speculative_sample`, caches
-  prepared beforehand) divided by its target calls: everything an iteration does.
+  prepared untimed) divided by its target calls: everything an iteration does.
 * `body/tree(...)`: the tree loop's body alone (`tree_decoding.tree_iteration`), and
   `body/tree(...) no move`: the same with both steps' `move_slots` replaced by the identity
   (timing only: not exact).
@@ -23,6 +23,13 @@ Rows:
 * `move/target`, `move/draft`: `move_slots` of the accepted path alone, per cache.
 * `draft/tree(...)`: the draft's expansion of the tree (root call, one call per depth, children
   picked); `draft/chain γ=g`: the chain's γ draft calls.
+* `walk/tree(...)`: the target's argmax at every node and the greedy walk (`verify_tree`) on
+  random logits where every first child matches (the longest walk).
+
+Rows `... lax.top_k` (on by default, `--no-lax_top_k` leaves them out) pick the children by
+`jax.lax.top_k` as the loop did before `tree_decoding.top_k_indices`: the "before" of
+results/trees/profile/README.md, timed interleaved with the "after". On a checkout without
+`tree_decoding.tree_iteration` / `expand_tree` the `body` / `draft/tree` rows are left out.
 
 Writes `<out>/<name>.json` and `.md` (ms per row, command, commit, hardware, date).
 """
@@ -30,6 +37,7 @@ Writes `<out>/<name>.json` and `.md` (ms per row, command, commit, hardware, dat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -121,8 +129,10 @@ class Profiler:
         return self._states[slots]
 
     def _looped(self, fn, carry):
-        """A compiled `() -> carry` running `fn(i, carry) -> (carry, scalar)` `reps` times; the
-        scalar feeds the next start position (never changes it) so nothing is hoisted."""
+        """A `() -> seconds` timing a compiled function that runs `fn(i, carry, bump) -> (carry,
+        scalar)` `reps` times in one `fori_loop`; the scalar feeds `bump` (always 0) into the next
+        rep, so nothing is hoisted. The carry is donated (a fresh copy, made untimed, per call), so
+        the loop updates it in place as the decode loop does instead of copying it per call."""
         reps = self.reps
 
         def run(carry):
@@ -133,8 +143,16 @@ class Profiler:
 
             return jax.lax.fori_loop(0, reps, body, (carry, jnp.float32(0)))
 
-        compiled = jax.jit(run)
-        return lambda: jax.block_until_ready(compiled(carry))
+        compiled = jax.jit(run, donate_argnums=0)
+
+        def timed():
+            fresh = jax.block_until_ready(jax.tree_util.tree_map(jnp.copy, carry))
+            start = time.perf_counter()
+            jax.block_until_ready(compiled(fresh))
+            return time.perf_counter() - start
+
+        timed()  # compiles now (under the caller's settings, e.g. `_children_by_lax_top_k`)
+        return timed
 
     def verify(self, n: int, tree: bool):
         slots = self.max_len + n - 1
@@ -238,27 +256,56 @@ class Profiler:
 
         return self._looped(fn, state)
 
+    def walk(self, shape: tree_lib.TreeShape):
+        """The target's argmax at every node and the greedy walk (`verify_tree`) alone."""
+        from specdec_t5x import sampling, tree_decoding
+
+        k = shape.num_nodes
+        logits = jax.random.normal(jax.random.PRNGKey(0), (1, k, 8192))
+        tokens = jnp.argmax(logits, -1).astype(jnp.int32)  # every child matches: the longest walk
+        tokens = jnp.take(tokens, jnp.asarray(np.maximum(shape.parent, 0)), axis=1)
+        valid = jnp.ones((1, k), bool)
+
+        def fn(i, carry, bump):
+            argmax = sampling.first_argmax(logits + bump.astype(jnp.float32))
+            verdict = tree_decoding.verify_tree(
+                shape, tokens, valid, "without_replacement", target_argmax=argmax
+            )
+            return carry, (verdict.path.sum() + verdict.extra.sum()).astype(jnp.float32)
+
+        return self._looped(fn, jnp.zeros((), jnp.int32))
+
     def decode(self, shape: tree_lib.TreeShape | None, gamma: int):
-        """A whole decode (`speculative_sample`, argmax mode) and its target calls."""
+        """A whole decode (`speculative_sample`, argmax mode, fresh caches prepared untimed) and
+        its target calls."""
         from specdec_t5x import speculative
 
         slots = self.max_len + (0 if shape is None else shape.num_nodes - 1)
         spec = self.spec_model
         inputs = jnp.zeros((1, self.max_len), jnp.int32)
+        prepare = jax.jit(
+            lambda: tuple(
+                c for c, _ in spec.states(self.params, self.draft_params, self.enc, slots)
+            )
+        )
+        (_, ts), (_, ds) = spec.states(self.params, self.draft_params, self.enc, slots)
+        kwargs = dict(gamma=gamma) if shape is None else dict(tree=shape.branching)
 
-        def run():
-            (tc, ts), (dc, ds) = spec.states(self.params, self.draft_params, self.enc, slots)
-            kwargs = dict(gamma=gamma) if shape is None else dict(tree=shape.branching)
+        def run(caches):
+            tc, dc = caches
             return speculative.speculative_sample(
                 inputs, tc, ts, dc, ds, spec.eos_id, temperature=0.0, **kwargs
             )
 
-        compiled = jax.jit(run)
-        _, stats = compiled()
+        compiled = jax.jit(run, donate_argnums=0)
+        _, stats = compiled(prepare())
         calls = int(np.max(np.asarray(stats.num_iterations)))
 
         def call():
-            jax.block_until_ready(compiled())
+            caches = jax.block_until_ready(prepare())
+            start = time.perf_counter()
+            jax.block_until_ready(compiled(caches))
+            return time.perf_counter() - start
 
         return call, calls
 
@@ -272,7 +319,29 @@ def _without_move(step):
     return wrapped
 
 
+def _lax_top_k(x, k):
+    """The children as the tree loop picked them before `tree_decoding.top_k_indices`."""
+    return jax.lax.top_k(x, k)[1].astype(jnp.int32)
+
+
+@contextlib.contextmanager
+def _children_by_lax_top_k():
+    """Functions compiled inside pick the tree's children by `jax.lax.top_k` (the "before")."""
+    from specdec_t5x import tree_decoding
+
+    saved = tree_decoding.top_k_indices
+    tree_decoding.top_k_indices = _lax_top_k
+    try:
+        yield
+    finally:
+        tree_decoding.top_k_indices = saved
+
+
 def measure(args) -> dict:
+    from specdec_t5x import tree_decoding
+
+    has_body = hasattr(tree_decoding, "tree_iteration")  # older checkouts: fewer rows
+    has_expand = hasattr(tree_decoding, "expand_tree")
     spec_model, params, draft_params, enc, max_len = load_pair(args.target_shape)
     prof = Profiler(spec_model, params, draft_params, enc, max_len, args.reps, args.prefix)
     trees = [tree_lib.TreeShape(t) for t in args.trees]
@@ -284,12 +353,22 @@ def measure(args) -> dict:
         name = f"tree{t.branching}".replace(" ", "")
         call, calls = prof.decode(t, t.max_depth)
         rows[f"iteration/{name}"], per_call[f"iteration/{name}"] = call, calls
-        rows[f"body/{name}"] = prof.body(t, move=True)
-        rows[f"body/{name} no move"] = prof.body(t, move=False)
+        if has_body:
+            rows[f"body/{name}"] = prof.body(t, move=True)
+            rows[f"body/{name} no move"] = prof.body(t, move=False)
         rows[f"mask/{name}"] = prof.mask(t)
         rows[f"move/target {name}"] = prof.move(t, "target")
         rows[f"move/draft {name}"] = prof.move(t, "draft")
-        rows[f"draft/{name}"] = prof.draft_tree(t)
+        if has_expand:
+            rows[f"draft/{name}"] = prof.draft_tree(t)
+        rows[f"walk/{name}"] = prof.walk(t)
+        if args.lax_top_k and hasattr(tree_decoding, "top_k_indices"):
+            with _children_by_lax_top_k():  # compiled now, timed interleaved with the rest
+                before = f"{name} lax.top_k"
+                call, calls = prof.decode(t, t.max_depth)
+                rows[f"iteration/{before}"], per_call[f"iteration/{before}"] = call, calls
+                rows[f"body/{before}"] = prof.body(t, move=True)
+                rows[f"draft/{before}"] = prof.draft_tree(t)
     for g in args.gammas:
         rows[f"draft/chain γ={g}"] = prof.draft_chain(g)
     for n in args.nodes:
@@ -298,16 +377,14 @@ def measure(args) -> dict:
     for g in args.gammas:
         if g + 1 not in args.nodes:
             rows[f"verify/chain k={g + 1}"] = prof.verify(g + 1, tree=False)
-    for fn in rows.values():  # compile and warm
+    for fn in rows.values():  # warm (compiled when made)
         fn()
     names = list(rows)
     seconds = {n: [] for n in names}
     for r in range(args.repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            start = time.perf_counter()
-            rows[name]()
-            seconds[name].append(time.perf_counter() - start)
+            seconds[name].append(rows[name]())
     ms = {}
     for name in names:
         divisor = per_call.get(name, args.reps)
@@ -325,6 +402,7 @@ def measure(args) -> dict:
         "repeats": args.repeats,
         "reps": args.reps,
         "prefix": args.prefix,
+        "lax_top_k": args.lax_top_k,
         "max_decode_len": max_len,
         "rows": ms,
     }
@@ -356,6 +434,12 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=9, help="interleaved rounds (median)")
     parser.add_argument("--reps", type=int, default=20, help="calls per fori_loop measurement")
     parser.add_argument("--prefix", type=int, default=16, help="decoded positions before a call")
+    parser.add_argument(
+        "--lax_top_k",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also rows with the children picked by jax.lax.top_k (before top_k_indices)",
+    )
     parser.add_argument("--name", default=None, help="output file stem")
     parser.add_argument("--out", default="results/trees/profile")
     args = parser.parse_args(argv)
