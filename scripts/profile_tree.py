@@ -109,9 +109,10 @@ def load_pair(target_shape: str | None, experiment: str = EXPERIMENT):
 class Profiler:
     """Builds the measured functions for one model pair (see the module docstring)."""
 
-    def __init__(self, spec_model, params, draft_params, enc, max_len, reps, prefix):
+    def __init__(self, spec_model, params, draft_params, enc, max_len, reps, prefix, temperature):
         self.spec_model, self.params, self.draft_params = spec_model, params, draft_params
         self.enc, self.max_len, self.reps, self.prefix = enc, max_len, reps, prefix
+        self.temperature = temperature  # of the `iteration` and `body` rows
         self._states = {}
 
     def states(self, slots: int):
@@ -244,7 +245,14 @@ class Profiler:
             ts, ds = _without_move(ts), _without_move(ds)
         inputs = jnp.zeros((1, self.max_len), jnp.int32)
         init, body = tree_decoding.tree_iteration(
-            inputs, tc, ts, dc, ds, self.spec_model.eos_id, tree=shape, temperature=0.0
+            inputs,
+            tc,
+            ts,
+            dc,
+            ds,
+            self.spec_model.eos_id,
+            tree=shape,
+            temperature=self.temperature,
         )
         # Start from a row `prefix` tokens in (arbitrary tokens); the body's work does not depend
         # on whether the row has ended.
@@ -294,7 +302,7 @@ class Profiler:
         def run(caches):
             tc, dc = caches
             return speculative.speculative_sample(
-                inputs, tc, ts, dc, ds, spec.eos_id, temperature=0.0, **kwargs
+                inputs, tc, ts, dc, ds, spec.eos_id, temperature=self.temperature, **kwargs
             )
 
         compiled = jax.jit(run, donate_argnums=0)
@@ -343,7 +351,9 @@ def measure(args) -> dict:
     has_body = hasattr(tree_decoding, "tree_iteration")  # older checkouts: fewer rows
     has_expand = hasattr(tree_decoding, "expand_tree")
     spec_model, params, draft_params, enc, max_len = load_pair(args.target_shape)
-    prof = Profiler(spec_model, params, draft_params, enc, max_len, args.reps, args.prefix)
+    prof = Profiler(
+        spec_model, params, draft_params, enc, max_len, args.reps, args.prefix, args.temperature
+    )
     trees = [tree_lib.TreeShape(t) for t in args.trees]
     rows, per_call = {}, {}  # name -> () -> None; name -> divisor (calls of a whole decode)
     for g in args.gammas:
@@ -403,6 +413,7 @@ def measure(args) -> dict:
         "reps": args.reps,
         "prefix": args.prefix,
         "lax_top_k": args.lax_top_k,
+        "temperature": args.temperature,
         "max_decode_len": max_len,
         "rows": ms,
     }
@@ -410,7 +421,8 @@ def measure(args) -> dict:
 
 def table(result: dict) -> str:
     lines = [
-        f"# One tree iteration's components ({result['target_shape']} target, CPU)",
+        f"# One tree iteration's components ({result['target_shape']} target, CPU, "
+        f"T = {result.get('temperature', 0.0):g} in the iteration and body rows)",
         "",
         "| row | median ms | min ms | per |",
         "|---|---:|---:|---|",
@@ -431,6 +443,12 @@ def main(argv=None):
     parser.add_argument("--trees", type=_parse_tree, nargs="+", default=[(3, 2, 1)])
     parser.add_argument("--gammas", type=_ints, default=[2], help="chain γs, e.g. 2,5")
     parser.add_argument("--nodes", type=_ints, default=[4, 8, 16, 31], help="verify sizes")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="of the iteration and body rows (the other rows run argmax mode)",
+    )
     parser.add_argument("--repeats", type=int, default=9, help="interleaved rounds (median)")
     parser.add_argument("--reps", type=int, default=20, help="calls per fori_loop measurement")
     parser.add_argument("--prefix", type=int, default=16, help="decoded positions before a call")
@@ -446,7 +464,7 @@ def main(argv=None):
     if args.repeats < 1 or args.reps < 1:
         parser.error(f"--repeats and --reps must be >= 1; got {args.repeats}, {args.reps}")
     result = measure(args)
-    name = args.name or f"profile_{args.target_shape or 'shipped'}"
+    name = args.name or f"profile_{args.target_shape or 'shipped'}_t{args.temperature:g}"
     command = shlex.join(
         ["python", "scripts/profile_tree.py", *(sys.argv[1:] if argv is None else argv)]
     )

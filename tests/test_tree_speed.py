@@ -38,3 +38,43 @@ def test_top_k_indices_with_nan_gives_distinct_indices_nan_first():
 def test_top_k_indices_rejects_bad_k(k):
     with pytest.raises(ValueError, match=f"k={k}"):
         tree_decoding.top_k_indices(jnp.zeros((1, 5)), k)
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 1), (2, 2, 2), (1, 1)])
+def test_expand_tree_children_are_the_drafts_top_k_at_every_node(shape):
+    from test_tree import toy_cache, toy_tree_step
+
+    from specdec_t5x import tree
+
+    shape = tree.TreeShape(shape)
+    length, vocab, batch = 12, 9, 2
+    table = np.random.default_rng(0).standard_normal((length, vocab, vocab, vocab))
+    step = toy_tree_step(table.astype(np.float32))
+    start = jnp.asarray([3, 5], jnp.int32)
+    prefix = jnp.asarray(np.random.default_rng(1).integers(1, vocab, (batch, length)), jnp.int32)
+    cache = toy_cache(batch, length + shape.num_nodes)
+    _, cache = step(prefix, jnp.zeros((batch,), jnp.int32), cache)  # slots 0.. hold the prefix
+    last = prefix[jnp.arange(batch), start]
+    root_logits, cache = step(last[:, None], start, cache)
+
+    @jax.jit
+    def expand(root_logits, cache):
+        return tree_decoding.expand_tree(
+            step, shape, last, root_logits[:, 0], start, cache, "topk", True, None, None
+        )
+
+    tokens, q, _ = expand(root_logits, cache)
+    assert q is None and tokens.shape == (batch, shape.num_nodes)
+    tokens = np.asarray(tokens)
+    for b in range(batch):
+        s = int(start[b])
+        prev_of = {0: int(prefix[b, s - 1])}  # the token before each node (its parent's token)
+        for j in range(1, shape.num_nodes):
+            prev_of[j] = int(tokens[b, shape.parent[j]])
+        assert tokens[b, 0] == last[b]
+        for j in range(shape.num_inner):
+            d, first = int(shape.depth[j]), int(shape.first_child[j])
+            k = shape.branching[d]
+            logits = table[s + d, prev_of[j], tokens[b, j]]
+            want = np.asarray(jax.lax.top_k(jnp.asarray(logits, jnp.float32), k)[1])
+            np.testing.assert_array_equal(tokens[b, first : first + k], want)
