@@ -42,8 +42,11 @@ import os
 import shlex
 import sys
 import time
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The cross-attention K/V are donated with the rest of a cache but never returned: harmless.
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
