@@ -328,12 +328,20 @@ def tree_sample(
     draft_cache: Any,
     draft_tokens_to_logits: tree_lib.TreeStep,
     eos_id: int,
-    **kwargs,
+    *,
+    tree,
+    tree_rule: str = "without_replacement",
+    decode_rng: Array | None = None,
+    temperature: float = 1.0,
+    topk: int = 0,
+    topp: float = 0.0,
+    max_decode_steps: int | None = None,
 ) -> tuple[Array, tree_lib.TreeStats]:
     """Decodes with the target's exact output distribution, verifying a draft tree per call.
 
     Reached through `speculative.speculative_sample(tree=...)`. The loop runs `tree_iteration`'s
-    body until every row is done; arguments and errors as there.
+    body until every row is done; arguments (as `speculative.speculative_sample`'s) and errors as
+    there.
 
     Returns:
       decodes int32 [batch, max_decode_len] and `tree_lib.TreeStats`.
@@ -345,7 +353,13 @@ def tree_sample(
         draft_cache,
         draft_tokens_to_logits,
         eos_id,
-        **kwargs,
+        tree=tree,
+        tree_rule=tree_rule,
+        decode_rng=decode_rng,
+        temperature=temperature,
+        topk=topk,
+        topp=topp,
+        max_decode_steps=max_decode_steps,
     )
     final = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, init)
     return final.buffer[:, 1 : inputs.shape[1] + 1], final.stats
@@ -393,7 +407,7 @@ def tree_iteration(
       (init, body): the loop state before the first iteration (its `done` bool [batch] says which
       rows are finished; `buffer[:, 1 : max_decode_len + 1]` are the decodes, `stats` the
       `tree_lib.TreeStats`) and `body(state) -> state`, one iteration for every row (rows already
-      done are carried unchanged).
+      done keep their tokens, length and statistics; their caches past their length may change).
 
     Raises:
       ValueError: a bad tree, rule, step, sampling setting, vocabulary or limit.
