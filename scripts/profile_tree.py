@@ -23,8 +23,9 @@ Rows:
 * `move/target`, `move/draft`: `move_slots` of the accepted path alone, per cache.
 * `draft/tree(...)`: the draft's expansion of the tree (root call, one call per depth, children
   picked); `draft/chain γ=g`: the chain's γ draft calls.
-* `walk/tree(...)`: the target's argmax at every node and the greedy walk (`verify_tree`) on
-  random logits where every first child matches (the longest walk).
+* `walk/tree(...)`: `verify_tree` alone on random logits (argmax mode: after the target's
+  argmax at every node, every first child matching; T > 0: after the target's softmax at every
+  node, rule 'without_replacement').
 
 Rows `... lax.top_k` (on by default, `--no-lax_top_k` leaves them out) pick the children by
 `jax.lax.top_k` as the loop did before `tree_decoding.top_k_indices`: the "before" of
@@ -268,19 +269,29 @@ class Profiler:
         return self._looped(fn, state)
 
     def walk(self, shape: tree_lib.TreeShape):
-        """The target's argmax at every node and the greedy walk (`verify_tree`) alone."""
+        """`verify_tree` alone on random logits where every first child is the target's argmax
+        (argmax mode: the longest walk), after the target's argmax at every node; at T > 0 after
+        the target's softmax at every node, against a draft q = (p + uniform) / 2 (rule
+        'without_replacement')."""
         from specdec_t5x import sampling, tree_decoding
 
-        k = shape.num_nodes
-        logits = jax.random.normal(jax.random.PRNGKey(0), (1, k, 8192))
-        tokens = jnp.argmax(logits, -1).astype(jnp.int32)  # every child matches: the longest walk
+        k, vocab, temperature = shape.num_nodes, 8192, self.temperature
+        logits = jax.random.normal(jax.random.PRNGKey(0), (1, k, vocab))
+        tokens = jnp.argmax(logits, -1).astype(jnp.int32)
         tokens = jnp.take(tokens, jnp.asarray(np.maximum(shape.parent, 0)), axis=1)
         valid = jnp.ones((1, k), bool)
+        greedy = sampling.is_greedy(temperature)
 
         def fn(i, carry, bump):
-            argmax = sampling.first_argmax(logits + bump.astype(jnp.float32))
+            shifted = logits + bump.astype(jnp.float32)
+            if greedy:
+                kwargs = dict(target_argmax=sampling.first_argmax(shifted))
+            else:
+                p = jax.nn.softmax(sampling.adjust_logits(shifted, temperature), axis=-1)
+                q = 0.5 * p[:, : shape.num_inner] + 0.5 / vocab
+                kwargs = dict(p=p, q=q, rng=jax.random.fold_in(jax.random.PRNGKey(1), i))
             verdict = tree_decoding.verify_tree(
-                shape, tokens, valid, "without_replacement", target_argmax=argmax
+                shape, tokens, valid, "without_replacement", **kwargs
             )
             return carry, (verdict.path.sum() + verdict.extra.sum()).astype(jnp.float32)
 
@@ -425,7 +436,7 @@ def measure(args) -> dict:
 def table(result: dict) -> str:
     lines = [
         f"# One tree iteration's components ({result['target_shape']} target, CPU, "
-        f"T = {result.get('temperature', 0.0):g} in the iteration and body rows)",
+        f"T = {result.get('temperature', 0.0):g} in the iteration, body and walk rows)",
         "",
         "| row | median ms | min ms | per |",
         "|---|---:|---:|---|",
@@ -450,7 +461,7 @@ def main(argv=None):
         "--temperature",
         type=float,
         default=0.0,
-        help="of the iteration and body rows (the other rows run argmax mode)",
+        help="of the iteration, body and walk rows (the other rows run argmax mode)",
     )
     parser.add_argument("--repeats", type=int, default=9, help="interleaved rounds (median)")
     parser.add_argument("--reps", type=int, default=20, help="calls per fori_loop measurement")

@@ -273,7 +273,7 @@ def verify_tree(
                 else:
                     r_next = residual_after_rejection(r, q_i)
                 r = jnp.where(rejected[:, None], r_next, r)
-                if rule == "without_replacement":  # q_{i+1}: q_i without x, renormalised
+                if rule == "without_replacement" and i < k - 1:  # q_{i+1}: q_i without x
                     removed = q_i * (jnp.arange(q_i.shape[-1]) != x[:, None])
                     q_i = jnp.where(rejected[:, None], _normalised(removed, removed), q_i)
                 chosen = jnp.where(ok, c, chosen)
