@@ -22,7 +22,8 @@ Rows:
 * `mask/tree(...)`: `tree.TreeQuery.attention` alone (slots, key positions, visible mask).
 * `move/target`, `move/draft`: `move_slots` of the accepted path alone, per cache.
 * `draft/tree(...)`: the draft's expansion of the tree (root call, one call per depth, children
-  picked); `draft/chain γ=g`: the chain's γ draft calls.
+  picked; at T > 0 by the rule 'without_replacement'); `draft/chain γ=g`: the chain's γ draft
+  calls (argmax mode).
 * `walk/tree(...)`: `verify_tree` alone on random logits (argmax mode: after the target's
   argmax at every node, every first child matching; T > 0: after the target's softmax at every
   node, rule 'without_replacement').
@@ -208,7 +209,7 @@ class Profiler:
         return self._looped(fn, cache)
 
     def draft_tree(self, shape: tree_lib.TreeShape):
-        from specdec_t5x import tree_decoding
+        from specdec_t5x import sampling, tree_decoding
 
         slots = self.max_len + shape.num_nodes - 1
         _, (dc, ds) = self.states(slots)
@@ -217,9 +218,13 @@ class Profiler:
             start = jnp.full((1,), self.prefix, jnp.int32) + bump
             last = jnp.full((1,), 7, jnp.int32)
             root_logits, cache = ds(last[:, None], start, cache)
+            temperature = self.temperature
+            greedy = sampling.is_greedy(temperature)
+            adjust = lambda logits: sampling.adjust_logits(logits, temperature)  # noqa: E731
+            rng = None if greedy else jax.random.fold_in(jax.random.PRNGKey(2), i)
             tokens, _, cache = tree_decoding.expand_tree(
-                ds, shape, last, root_logits[:, 0], start, cache, "without_replacement", True,
-                None, None,
+                ds, shape, last, root_logits[:, 0], start, cache, "without_replacement", greedy,
+                adjust, rng,
             )  # fmt: skip
             return cache, jnp.sum(tokens).astype(jnp.float32)
 
@@ -436,7 +441,7 @@ def measure(args) -> dict:
 def table(result: dict) -> str:
     lines = [
         f"# One tree iteration's components ({result['target_shape']} target, CPU, "
-        f"T = {result.get('temperature', 0.0):g} in the iteration, body and walk rows)",
+        f"T = {result.get('temperature', 0.0):g} in the iteration, body, walk, draft/tree rows)",
         "",
         "| row | median ms | min ms | per |",
         "|---|---:|---:|---|",
@@ -461,7 +466,7 @@ def main(argv=None):
         "--temperature",
         type=float,
         default=0.0,
-        help="of the iteration, body and walk rows (the other rows run argmax mode)",
+        help="of the iteration, body, walk and draft/tree rows (the others run argmax mode)",
     )
     parser.add_argument("--repeats", type=int, default=9, help="interleaved rounds (median)")
     parser.add_argument("--reps", type=int, default=20, help="calls per fori_loop measurement")
