@@ -78,3 +78,39 @@ def test_expand_tree_children_are_the_drafts_top_k_at_every_node(shape):
             logits = table[s + d, prev_of[j], tokens[b, j]]
             want = np.asarray(jax.lax.top_k(jnp.asarray(logits, jnp.float32), k)[1])
             np.testing.assert_array_equal(tokens[b, first : first + k], want)
+
+
+def test_children_without_replacement_are_sequential_draws_from_q():
+    """(x_1, x_2, x_3) ~ q(x_1) q(x_2) / (1 - q(x_1)) q(x_3) / (1 - q(x_1) - q(x_2)); a row whose
+    support is smaller than k gets every supported token first (its other children never tested)."""
+    from test_speculative import chi_square_pvalue
+
+    q = np.array([0.4, 0.25, 0.2, 0.1, 0.05, 0.0], np.float32)
+    logits = jnp.log(jnp.asarray(q))[None, None]  # [1, 1, 6]; log 0 = -inf
+    n = 20000
+
+    @jax.jit
+    def draw(keys):
+        def one(key):
+            children, q_out = tree_decoding.propose_children(
+                logits, 3, "without_replacement", False, lambda x: x, key
+            )
+            return children[0, 0], q_out[0, 0]
+
+        return jax.vmap(one)(keys)
+
+    children, q_out = draw(jax.random.split(jax.random.PRNGKey(0), n))
+    np.testing.assert_allclose(np.asarray(q_out[0]), q, atol=1e-6)
+    expected, q = {}, q.astype(np.float64)
+    for a in range(5):
+        for b in range(5):
+            for c in range(5):
+                if len({a, b, c}) == 3:
+                    expected[(a, b, c)] = q[a] * q[b] / (1 - q[a]) * q[c] / (1 - q[a] - q[b])
+    assert chi_square_pvalue(np.asarray(children), expected) > 1e-3
+
+    two = jnp.log(jnp.asarray([0.7, 0.3, 0.0, 0.0], np.float32))[None, None]
+    small = tree_decoding.propose_children(
+        two, 3, "without_replacement", False, lambda x: x, jax.random.PRNGKey(1)
+    )[0]
+    assert sorted(np.asarray(small)[0, 0, :2].tolist()) == [0, 1]
