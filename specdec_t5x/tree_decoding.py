@@ -14,7 +14,8 @@ a sample from r (at a leaf reached by acceptance: the bonus token from p).
 * 'iid' (SpecInfer, Miao et al. 2023, "multi-step speculative sampling"): children i.i.d. from q,
   q_i = q for every i.
 * 'without_replacement' (Jeon et al. 2024, "Recursive Speculative Decoding"): children drawn from q
-  without replacement (Gumbel top-k), q_1 = q and q_{i+1} = q_i with x_i removed and renormalised;
+  without replacement (sequential inverse-CDF draws, each drawn token removed), q_1 = q and
+  q_{i+1} = q_i with x_i removed and renormalised;
   the residual uses q_i *before* removing x_i. Children beyond q's support do not exist.
 
 The default is 'without_replacement': on the toy pairs of tests/test_tree.py (trees (2, 2), (3, 1),
@@ -62,6 +63,41 @@ from specdec_t5x import tree as tree_lib
 Array = jax.Array
 
 
+def top_k_indices(x: Array, k: int) -> Array:
+    """The indices `jax.lax.top_k(x, k)[1]` gives (largest first, ties to the lower index), in k
+    passes of two plain reductions each (max, then the first index attaining it among the
+    entries not yet taken).
+
+    Inside a loop body XLA:CPU lowers `top_k` of more than one row to a full sort of every row
+    (~1 ms per 8192-entry row); these passes cost ~0.01 ms per row and pass
+    (results/trees/profile/). A NaN counts as the largest value (the first NaN first, as
+    `sampling.first_argmax`); the k indices of a row are always distinct.
+
+    Args:
+      x: float32 [..., n]; k: static, 1 <= k <= n.
+
+    Returns:
+      int32 [..., k] the indices of the k largest entries of each row, largest first.
+
+    Raises:
+      ValueError: k outside [1, n].
+    """
+    n = x.shape[-1]
+    if not 1 <= k <= n:
+        raise ValueError(f"top_k_indices needs 1 <= k <= {n} (the row length); got k={k}.")
+    iota = jnp.arange(n, dtype=jnp.int32)
+    taken = jnp.zeros(x.shape, bool)
+    out = []
+    for _ in range(k):
+        free = jnp.where(taken, -jnp.inf, x)
+        top = jnp.max(free, axis=-1, keepdims=True)  # NaN if a free entry is NaN
+        hit = ((free == top) | jnp.isnan(free)) & ~taken
+        index = jnp.min(jnp.where(hit, iota, n), axis=-1)  # [...]
+        out.append(index)
+        taken = taken | (iota == index[..., None])
+    return jnp.stack(out, axis=-1)
+
+
 def propose_children(logits: Array, k: int, rule: str, greedy: bool, adjust, rng):
     """The k children of each frontier node and the draft distribution q there.
 
@@ -78,18 +114,60 @@ def propose_children(logits: Array, k: int, rule: str, greedy: bool, adjust, rng
       mode).
     """
     if greedy:
-        return jax.lax.top_k(logits, k)[1].astype(jnp.int32), None
+        return top_k_indices(logits, k), None
     adjusted = adjust(logits)
     q = jax.nn.softmax(adjusted, axis=-1)
     if rule == "topk":
-        children = jax.lax.top_k(adjusted, k)[1]
+        children = top_k_indices(adjusted, k)
     elif rule == "iid":
         u = jax.random.uniform(rng, (k,) + logits.shape[:-1])  # [k, b, n]
         children = jnp.stack([sampling.inverse_cdf_sample(u[i], q) for i in range(k)], -1)
-    else:  # without replacement: Gumbel top-k = sequential draws from q without replacement
-        keys = jnp.log(q) + jax.random.gumbel(rng, q.shape)  # log 0 = -inf: never before support
-        children = jax.lax.top_k(keys, k)[1]
+    else:  # without replacement: x_i ~ q with x_1..x_{i-1} removed (one uniform per child; a
+        # Gumbel per vocabulary entry, the same distribution, cost ~10x more on CPU). Past q's
+        # support the row has no mass left: its child is any id, with q_i = 0 it is never tested.
+        u = jax.random.uniform(rng, (k,) + logits.shape[:-1])  # [k, b, n]
+        vocab_ids = jnp.arange(q.shape[-1])
+        remaining, picks = q, []
+        for i in range(k):
+            picks.append(sampling.inverse_cdf_sample(u[i], remaining))
+            remaining = jnp.where(vocab_ids == picks[-1][..., None], 0.0, remaining)
+        children = jnp.stack(picks, -1)
     return children.astype(jnp.int32), q
+
+
+def expand_tree(draft_step, shape, last, root_logits, start, cache, rule, greedy, adjust, rng):
+    """The draft's tree: the root's children from `root_logits`, then one tree call per depth
+    whose frontier nodes are its M rows, each node's children from its logits.
+
+    Args:
+      draft_step: the draft's `tree_lib.TreeStep`.
+      shape: the `tree_lib.TreeShape` (static).
+      last: int32 [batch] the root token (already fed: `root_logits` are its logits).
+      root_logits: float32 [batch, vocab] the draft's logits after the root.
+      start: int32 [batch] the root's slot and position.
+      cache: the draft's cache with the root written.
+      rule, greedy, adjust: as `propose_children`.
+      rng: PRNG key (None in argmax mode), split into one key per depth.
+
+    Returns:
+      tokens int32 [batch, K] (breadth first, node 0 = `last`), q float32 [batch, num_inner,
+      vocab] (the draft distribution at each inner node; None in argmax mode) and the cache.
+    """
+    batch, depth_max = last.shape[0], shape.max_depth
+    depth_rngs = [None] * depth_max if greedy else list(jax.random.split(rng, depth_max))
+    frontier_logits = root_logits[:, None]  # [b, 1, V]
+    tokens, q_parts = [last[:, None]], []
+    for d in range(depth_max):
+        if d > 0:
+            query = tree_lib.TreeQuery(shape, shape.nodes_at(d))
+            frontier_logits, cache = draft_step(tokens[-1], start, cache, tree=query)
+        children, q_d = propose_children(
+            frontier_logits, shape.branching[d], rule, greedy, adjust, depth_rngs[d]
+        )
+        tokens.append(children.reshape(batch, -1))  # [b, n_d, k] -> [b, n_{d+1}]
+        q_parts.append(q_d)
+    q = None if greedy else jnp.concatenate(q_parts, axis=1)  # [b, num_inner, V]
+    return jnp.concatenate(tokens, axis=1), q, cache  # [b, K] breadth first
 
 
 class TreeVerdict(flax.struct.PyTreeNode):
@@ -203,7 +281,7 @@ def verify_tree(
                 else:
                     r_next = residual_after_rejection(r, q_i)
                 r = jnp.where(rejected[:, None], r_next, r)
-                if rule == "without_replacement":  # q_{i+1}: q_i without x, renormalised
+                if rule == "without_replacement" and i < k - 1:  # q_{i+1}: q_i without x
                     removed = q_i * (jnp.arange(q_i.shape[-1]) != x[:, None])
                     q_i = jnp.where(rejected[:, None], _normalised(removed, removed), q_i)
                 chosen = jnp.where(ok, c, chosen)
@@ -269,7 +347,52 @@ def tree_sample(
 ) -> tuple[Array, tree_lib.TreeStats]:
     """Decodes with the target's exact output distribution, verifying a draft tree per call.
 
-    Reached through `speculative.speculative_sample(tree=...)`; arguments as there. One iteration
+    Reached through `speculative.speculative_sample(tree=...)`. The loop runs `tree_iteration`'s
+    body until every row is done; arguments (as `speculative.speculative_sample`'s) and errors as
+    there.
+
+    Returns:
+      decodes int32 [batch, max_decode_len] and `tree_lib.TreeStats`.
+    """
+    init, body = tree_iteration(
+        inputs,
+        target_cache,
+        target_tokens_to_logits,
+        draft_cache,
+        draft_tokens_to_logits,
+        eos_id,
+        tree=tree,
+        tree_rule=tree_rule,
+        decode_rng=decode_rng,
+        temperature=temperature,
+        topk=topk,
+        topp=topp,
+        max_decode_steps=max_decode_steps,
+    )
+    final = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, init)
+    return final.buffer[:, 1 : inputs.shape[1] + 1], final.stats
+
+
+def tree_iteration(
+    inputs: Array,
+    target_cache: Any,
+    target_tokens_to_logits: tree_lib.TreeStep,
+    draft_cache: Any,
+    draft_tokens_to_logits: tree_lib.TreeStep,
+    eos_id: int,
+    *,
+    tree,
+    tree_rule: str = "without_replacement",
+    decode_rng: Array | None = None,
+    temperature: float = 1.0,
+    topk: int = 0,
+    topp: float = 0.0,
+    max_decode_steps: int | None = None,
+) -> tuple[Any, Any]:
+    """The tree loop's initial state and body (`tree_sample` runs the body until every row is done;
+    `scripts/profile_tree.py` times one body alone).
+
+    The target's exact output distribution, verifying a draft tree per call. One iteration
     per row: the draft expands the tree depth by depth (one call per depth, the frontier's nodes as
     its M rows), the target scores all K nodes in one call, `verify_tree` picks the accepted path,
     the path and the extra token are emitted (cut at EOS and at the row's length limit), and the
@@ -289,7 +412,10 @@ def tree_sample(
       decode_rng, temperature, topk, topp, max_decode_steps: as `speculative.speculative_sample`.
 
     Returns:
-      decodes int32 [batch, max_decode_len] and `tree_lib.TreeStats`.
+      (init, body): the loop state before the first iteration (its `done` bool [batch] says which
+      rows are finished; `buffer[:, 1 : max_decode_len + 1]` are the decodes, `stats` the
+      `tree_lib.TreeStats`) and `body(state) -> state`, one iteration for every row (rows already
+      done keep their tokens, length and statistics; their caches past their length may change).
 
     Raises:
       ValueError: a bad tree, rule, step, sampling setting, vocabulary or limit.
@@ -389,19 +515,10 @@ def tree_sample(
         root_logits, dc = jax.lax.cond(
             jnp.any(state.draft_behind & active), two_tokens, one_token, state.draft_cache
         )
-        depth_rngs = [None] * depth_max if greedy else list(jax.random.split(draft_rng, depth_max))
-        frontier_logits = root_logits[:, None]  # [b, 1, V]
-        tokens, q_parts = [last[:, None]], []
-        for d in range(depth_max):
-            if d > 0:
-                query = tree_lib.TreeQuery(shape, shape.nodes_at(d))
-                frontier_logits, dc = draft_tokens_to_logits(tokens[-1], start, dc, tree=query)
-            children, q_d = propose_children(
-                frontier_logits, shape.branching[d], tree_rule, greedy, adjust, depth_rngs[d]
-            )
-            tokens.append(children.reshape(batch, -1))  # [b, n_d, k] -> [b, n_{d+1}]
-            q_parts.append(q_d)
-        tokens = jnp.concatenate(tokens, axis=1)  # [b, K] breadth first
+        tokens, q, dc = expand_tree(
+            draft_tokens_to_logits, shape, last, root_logits, start, dc, tree_rule, greedy,
+            adjust, draft_rng,
+        )  # fmt: skip
         valid = jnp.arange(num_nodes)[None] < (cache_slots - start)[:, None]  # slot in cache
 
         # 2. One target call on every node.
@@ -416,7 +533,6 @@ def tree_sample(
             )
         else:
             p = jax.nn.softmax(adjust(target_logits), axis=-1)  # [b, K, V]
-            q = jnp.concatenate(q_parts, axis=1)  # [b, num_inner, V]
             verdict = verify_tree(shape, tokens, valid, tree_rule, p=p, q=q, rng=verify_rng)
         a = verdict.n_accepted
 
@@ -475,5 +591,4 @@ def tree_sample(
             stats=stats,
         )
 
-    final = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, init)
-    return final.buffer[:, 1 : max_len + 1], final.stats
+    return init, body
