@@ -29,7 +29,7 @@ TABLES = {  # results/<name>/table.md and its marker in results/README.md: its r
     ],
 }
 DEMO = [RESULTS / "demo" / f"embedded_ende_model_t{t}" for t in (0, 1)]
-HEADLINE = ("demo_repeated", "paper_regime")  # scripts/repeat_rows.py folders: README's headline
+HEADLINE = ("demo_repeated", "paper_regime", "correction")  # repeat_rows.py folders: the headline
 
 
 def metrics_files(dirs) -> list[pathlib.Path]:
