@@ -27,6 +27,45 @@ ROW_SETS = {
         for shape in ("base", "large", "small")
         for t in (0, 1)
     },
+    "trees": {  # token trees beside chains in one run each; the sweep's rows are the table
+        **{
+            f"trees_embedded_t{t}": [
+                T0 if t == 0 else T1,
+                "--gin.GAMMA=2",
+                "--gin.GAMMAS=[1, 3]",
+                "--gin.TREES=[(2, 1), (2, 2), (2, 1, 1), (3, 2, 1), (4, 2, 2, 1)]",
+            ]
+            for t in (0, 1)
+        },
+        **{
+            f"trees_base_t{t}": [
+                T0 if t == 0 else T1,
+                "--gin.TARGET_SHAPE='base'",
+                "--gin.NUM_EXAMPLES=20",
+                "--gin.GAMMA=5",
+                "--gin.GAMMAS=[3]",
+                "--gin.TREES=[(2, 1, 1), (2, 1, 1, 1), (2, 1, 1, 1, 1), (2, 2, 1), (3, 2, 1)]",
+            ]
+            for t in (0, 1)
+        },
+        "trees_embedded_auto_t0": [
+            T0,
+            "--gin.GAMMA=2",
+            "--gin.GAMMAS=[1, 3, 'auto']",
+            "--gin.TREES=[(2, 1), (2, 2), (2, 1, 1)]",
+            "--gin.AUTO_TREES=True",
+        ],
+    },
+    "sum_paper_regime": {  # summarization, target widened: the draft with its own encoder
+        f"sum_{shape}_t{t}": [
+            f"gin/experiments/embedded_sum_model_t{t}.gin",
+            "--gin_file=gin/models/embedded_sum_draft.gin",
+            "--gin.DRAFT_NAME='T5 draft (2.4M, own encoder)'",
+            f"--gin.TARGET_SHAPE='{shape}'",
+        ]
+        for shape in ("base",)
+        for t in (0, 1)
+    },
     "correction": {  # ddtp_correct_en: copy drafts and the T5 draft, shipped and base shape
         f"correct_{shape}_{draft}_t{t}": [
             f"gin/experiments/embedded_correct_{draft}_t{t}.gin",
