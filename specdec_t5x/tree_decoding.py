@@ -63,39 +63,7 @@ from specdec_t5x import tree as tree_lib
 Array = jax.Array
 
 
-def top_k_indices(x: Array, k: int) -> Array:
-    """The indices `jax.lax.top_k(x, k)[1]` gives (largest first, ties to the lower index), in k
-    passes of two plain reductions each (max, then the first index attaining it among the
-    entries not yet taken).
-
-    Inside a loop body XLA:CPU lowers `top_k` of more than one row to a full sort of every row
-    (~1 ms per 8192-entry row); these passes cost ~0.01 ms per row and pass
-    (results/trees/profile/). A NaN counts as the largest value (the first NaN first, as
-    `sampling.first_argmax`); the k indices of a row are always distinct.
-
-    Args:
-      x: float32 [..., n]; k: static, 1 <= k <= n.
-
-    Returns:
-      int32 [..., k] the indices of the k largest entries of each row, largest first.
-
-    Raises:
-      ValueError: k outside [1, n].
-    """
-    n = x.shape[-1]
-    if not 1 <= k <= n:
-        raise ValueError(f"top_k_indices needs 1 <= k <= {n} (the row length); got k={k}.")
-    iota = jnp.arange(n, dtype=jnp.int32)
-    taken = jnp.zeros(x.shape, bool)
-    out = []
-    for _ in range(k):
-        free = jnp.where(taken, -jnp.inf, x)
-        top = jnp.max(free, axis=-1, keepdims=True)  # NaN if a free entry is NaN
-        hit = ((free == top) | jnp.isnan(free)) & ~taken
-        index = jnp.min(jnp.where(hit, iota, n), axis=-1)  # [...]
-        out.append(index)
-        taken = taken | (iota == index[..., None])
-    return jnp.stack(out, axis=-1)
+top_k_indices = sampling.top_k_indices  # here since the tree loop was its first user
 
 
 def propose_children(logits: Array, k: int, rule: str, greedy: bool, adjust, rng):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_t5x import tree_decoding
+from specdec_t5x import sampling, tree_decoding
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])
@@ -114,3 +114,20 @@ def test_children_without_replacement_are_sequential_draws_from_q():
         two, 3, "without_replacement", False, lambda x: x, jax.random.PRNGKey(1)
     )[0]
     assert sorted(np.asarray(small)[0, 0, :2].tolist()) == [0, 1]
+
+
+@pytest.mark.parametrize("k", [1, 3, 40, 60])
+def test_topk_mask_of_several_rows_equals_lax_top_k_threshold(k):
+    """`sampling.topk_mask` of several rows finds the k-th largest logit by passes (k <= 32) or
+    by `lax.top_k`: either way the threshold, and so the mask, is `lax.top_k`'s (ties kept)."""
+    rng = np.random.default_rng(k)
+    x = rng.standard_normal((3, 4, 64)).astype(np.float32)
+    x[0, 1, :] = 0.25  # all tied: everything kept
+    x[1, 2, 5:9] = x[1, 2].max() + 1  # a tie at the top
+    x[2, 0, ::2] = x[2, 0, 1]  # many ties inside the top k
+    kth = jax.lax.top_k(jnp.asarray(x), k)[0][..., -1:]
+    want = np.where(x >= np.asarray(kth), x, sampling.NEG_INF)
+    got = jax.jit(lambda a: sampling.topk_mask(a, k))(x)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    one_row = np.asarray(sampling.topk_mask(jnp.asarray(x[:1, :1]), k))  # lax.top_k path
+    np.testing.assert_array_equal(one_row, want[:1, :1])
