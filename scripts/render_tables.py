@@ -15,7 +15,7 @@ import argparse
 import pathlib
 import sys
 
-from specdec_t5x.eval import tables
+from specdec_t5x.eval import summary, tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -76,16 +76,25 @@ def repeated_table(*roots: pathlib.Path, headline: bool = False) -> str:
     sys.path.insert(0, str(ROOT / "scripts"))
     import repeat_rows
 
-    rows, files = [], []
+    rows, sweeps, files = [], [], []
     for root in roots:
         for row in sorted(p for p in root.iterdir() if p.is_dir()):
             runs = sorted(row.glob("run*/metrics.json"))
             if runs:
                 label = repeat_rows.target_label(row.name)
-                rows.append(tables.median_row([_load(f) for f in runs], label, headline))
+                records = [_load(f) for f in runs]
+                if any(summary.flat(m).get("tree_sweep") for m in records):  # chains and trees
+                    sweeps += tables.sweep_median_rows(records, label)
+                else:
+                    rows.append(tables.median_row(records, label, headline))
                 files += runs
     if not files:
         raise SystemExit(f"no <row>/run<k>/metrics.json under {roots}")
+    if sweeps and not headline:  # a folder of sweeps: every chain and tree of its runs
+        body = "\n".join([tables.SWEEP_MEDIAN_HEADER, *sweeps])
+        if rows:
+            body += "\n\n" + "\n".join([tables.MEDIAN_HEADER, *rows])
+        return body + "\n\n" + tables.provenance_footer(files)
     header = tables.MEDIAN_HEADLINE_HEADER if headline else tables.MEDIAN_HEADER
     return "\n".join([header, *rows]) + "\n\n" + tables.provenance_footer(files)
 

@@ -29,6 +29,30 @@ def test_median_row_is_the_median_with_the_range_over_runs():
         tables.median_row([_run(1.0), {**_record(), "gamma": 3}])
 
 
+def _sweep_run(chain_speeds, tree_speed, tree_tokens):
+    sweep = {str(g): {"speedup": s, "tokens_per_iteration": 1.5 + 0.2 * g, "alpha_beta": 0.57,
+                      "identical_fraction": 1.0} for g, s in chain_speeds.items()}  # fmt: skip
+    trees = {"tree(2,1)": {"speedup": tree_speed, "tokens_per_iteration": tree_tokens,
+                           "alpha_beta": 0.57, "identical_fraction": 1.0}}  # fmt: skip
+    return {**_record(), "gamma_sweep": sweep, "tree_sweep": trees}
+
+
+def test_sweep_median_rows_compare_each_run_with_its_own_fastest_chain():
+    runs = [
+        _sweep_run({1: 1.2, 2: 1.5}, 1.65, 2.3),  # fastest chain γ = 2 (tokens 1.9): tree 1.10×
+        _sweep_run({1: 1.6, 2: 1.4}, 1.60, 2.3),  # fastest chain γ = 1 (tokens 1.7): tree 1.00×
+        _sweep_run({1: 1.0, 2: 1.2}, 1.44, 2.3),  # fastest chain γ = 2: tree 1.20×
+    ]
+    rows = {r.split(" | ")[4]: r for r in tables.sweep_median_rows(runs, "T5 1.1 base shape")}
+    assert set(rows) == {"γ = 1", "γ = 2", "tree(2,1)"}
+    tree = rows["tree(2,1)"]
+    assert "| 5 |" in tree  # rows verified: root + 2 + 2
+    assert "| 1.60X (1.44–1.65) | 1.10 (1.00–1.20) |" in tree
+    assert "| 2.30 | 1.21 |" in tree  # tokens per call, over the fastest chain's (median of 3)
+    with pytest.raises(ValueError, match="different configurations"):
+        tables.sweep_median_rows([runs[0], {**runs[1], "temperature": 1.0}])
+
+
 def test_repeated_runs_render_from_their_records(tmp_path):
     for row, speeds in (("ende_base_t0", (1.7, 1.8, 1.6)), ("ende_large_t0", (1.9, 2.0, 1.8))):
         for r, s in enumerate(speeds):

@@ -458,3 +458,83 @@ def median_row(records: Sequence[dict[str, Any]], target: str = "", headline: bo
     if headline:  # no verify/step, no predictions
         cells = cells[:7] + cells[8:10] + cells[12:]
     return "| " + " | ".join(cells) + " |"
+
+
+SWEEP_MEDIAN_HEADER = (
+    "| Task | Draft | Target | T | chain γ or tree | rows verified | α | tokens per target call "
+    "| × fastest chain's | Speed: median (min–max) | × fastest chain's: median (min–max) "
+    "| identical | runs |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def _sweep_entries(m: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A run's chains (`'γ = g'`), trees (`'tree(…)'`) and auto row, each with its speed-up,
+    tokens per target call, α, identical fraction and verified rows per call."""
+    from specdec_t5x import tree  # local: imports the network
+
+    m = summary.flat(m)
+    out = {}
+    for g, row in (m.get("gamma_sweep") or {}).items():
+        out[f"γ = {g}"] = {**row, "rows": int(g) + 1, "chain": True}
+    for name, row in (m.get("tree_sweep") or {}).items():
+        shape = tree.parse_tree(tuple(int(b) for b in name[5:-1].split(",")))
+        out[name] = {**row, "rows": shape.num_nodes, "chain": False}
+    auto = auto_row_record(m)
+    if auto is not None:
+        label = "auto (chains, trees, off)" if "tree_measured_speedup" in auto else "auto"
+        out[label] = {**auto, "rows": None, "chain": False}
+    return out
+
+
+def sweep_median_rows(records: Sequence[dict[str, Any]], target: str = "") -> list[str]:
+    """`SWEEP_MEDIAN_HEADER` rows of repeated runs of one sweep (chains and trees timed in each
+    run): per chain γ, tree and auto row the median speed with its range over runs, and the
+    ratio to the *fastest chain of the same run* (speed and tokens per target call), median and
+    range over runs.
+
+    Args:
+      records: the runs' `metrics.json` records, >= 1, each with a `gamma_sweep`.
+      target: the target's label (e.g. 'T5 1.1 base shape').
+
+    Raises:
+      ValueError: no records, records of different tasks, drafts or temperatures, or a run
+        without chains.
+    """
+    flats = [summary.flat(m) for m in records]
+    if not flats:
+        raise ValueError("sweep_median_rows needs at least one record.")
+    keys = {(m["task"], m["draft"], m["temperature"]) for m in flats}
+    if len(keys) > 1:
+        raise ValueError(f"sweep_median_rows got runs of different configurations: {keys}.")
+    runs = [_sweep_entries(m) for m in flats]
+    fastest = []
+    for entries in runs:
+        chains = [e for e in entries.values() if e["chain"]]
+        if not chains:
+            raise ValueError("sweep_median_rows needs runs whose sweep has chains (gamma_sweep).")
+        fastest.append(max(chains, key=lambda e: e["speedup"]))
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    span = lambda xs: f"{med(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"  # noqa: E731
+    m0, out = flats[0], []
+    for name in runs[0]:
+        have = [(e[name], f) for e, f in zip(runs, fastest, strict=True) if name in e]
+        speeds = [e["speedup"] for e, _ in have]
+        tokens = [e["tokens_per_iteration"] for e, _ in have]
+        alphas = [e["alpha_beta"] for e, _ in have if e.get("alpha_beta") is not None]
+        cells = [
+            m0["task"],
+            m0["draft"],
+            target,
+            f"{m0['temperature']:g}",
+            name,
+            "–" if have[0][0]["rows"] is None else str(have[0][0]["rows"]),
+            _fmt(med(alphas)) if alphas else "–",
+            _fmt(med(tokens)),
+            _fmt(med([e["tokens_per_iteration"] / f["tokens_per_iteration"] for e, f in have])),
+            span(speeds).replace(" (", "X (", 1),
+            span([e["speedup"] / f["speedup"] for e, f in have]),
+            _fmt(med([e["identical_fraction"] for e, _ in have])),
+            str(len(have)),
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
