@@ -40,6 +40,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_t5x import drafts, sampling
 
@@ -60,10 +61,12 @@ class AlignedCopyDraft(drafts.Draft):
       word_initial: None, or bool [vocab_size]: which tokens start a word
         (`word_initial_mask`); then rule 3 skips the rest of the replaced source word. Held in
         `params` (an array argument of the jitted loop).
+      branches: distinct candidate tokens ranked after each position (>= 1; module docstring,
+        "Several alignments"); 1: q one-hot on src[cursor] (the chain draft).
 
     Raises:
-      ValueError: max_ngram < 1, window < 0, a negative prefix id, or word_initial of another
-        length than vocab_size.
+      ValueError: max_ngram < 1, window < 0, a negative prefix id, word_initial of another
+        length than vocab_size, or branches < 1.
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class AlignedCopyDraft(drafts.Draft):
         window: int = 8,
         prefix_ids: Sequence[int] = (),
         word_initial=None,
+        branches: int = 1,
     ):
         if max_ngram < 1:
             raise ValueError(f"max_ngram must be >= 1; got {max_ngram}.")
@@ -81,9 +85,12 @@ class AlignedCopyDraft(drafts.Draft):
         prefix_ids = tuple(int(t) for t in prefix_ids)
         if any(t < 0 for t in prefix_ids):
             raise ValueError(f"prefix_ids must be token ids >= 0; got {prefix_ids}.")
+        if not isinstance(branches, int | np.integer) or branches < 1:
+            raise ValueError(f"branches must be an int >= 1 (ranked candidates); got {branches!r}.")
         self.vocab_size = vocab_size
         self.max_ngram = max_ngram
         self.window = window
+        self.branches = int(branches)
         self.prefix_ids = prefix_ids
         if word_initial is None:
             self.params = {}
@@ -116,21 +123,26 @@ class AlignedCopyDraft(drafts.Draft):
         return jnp.where(has, n, 0).astype(jnp.int32)
 
     def make_step(self, params, encoder_input_tokens):
-        """The draft's `steps.BlockStep` for one batch of sources.
+        """The draft's `tree.TreeStep` for one batch of sources.
 
         Args:
           params: `self.params` ({} or {"word_initial": bool [vocab]}).
           encoder_input_tokens: int32 [batch, src_len], zero-padded (EOS last).
 
         Returns:
-          step(tokens int32 [batch, k], positions int32 [batch], cache) -> (logits float32
-          [batch, k, vocab]: 0 at the proposal and `sampling.NEG_INF` elsewhere, or all 0 where
-          there is none, cache). The cursor before the block is read at position positions - 1
-          (the source start at position 0); k cursor updates then run in order (`lax.scan`).
+          step(tokens int32 [batch, k], positions int32 [batch], cache, tree=None) -> (logits
+          float32 [batch, k, vocab], cache), with `move_slots` and `cache_slots`. Logits: with
+          branches=1, 0 at the proposal and `sampling.NEG_INF` elsewhere, or all 0 where there
+          is none; with more, the ranked candidates (module docstring). A block call (tree=None)
+          reads the cursor before the block at position positions - 1 (the source start at
+          position 0) and runs its k cursor updates in order (`lax.scan`); a tree call reads each
+          node's cursor before it at its parent's slot (the root's as a block call's) and updates
+          the call's nodes level by level (a node whose parent is in the same call after it).
         """
         src = encoder_input_tokens  # [b, S]
         batch, src_len = src.shape
         vocab, max_ngram, window = self.vocab_size, self.max_ngram, self.window
+        branches = self.branches
         rows = jnp.arange(batch)
         index = jnp.arange(src_len)
         start = self.source_start(src)  # [b]
@@ -146,64 +158,133 @@ class AlignedCopyDraft(drafts.Draft):
         marked = jnp.where(copyable, src, -3)
         # shifted[m][b, i] = marked[b, i - m] (-2 before the start): the m-th token back from i.
         shifted = [
-            jnp.pad(marked, ((0, 0), (m, 0)), constant_values=-2)[:, :src_len]
+            jnp.pad(marked, ((0, 0), (m, 0)), constant_values=-2)[:, :src_len, None]
             for m in range(max_ngram)
-        ]
+        ]  # [b, S, 1] each
         big = 2 * src_len + 2  # one more matched token outweighs any distance term
 
-        def advance(cursor, token, position, history):
-            """The cursor after decoder input `token` at `position` (int32 [b] each)."""
-            back = position[:, None] - jnp.arange(max_ngram)  # [b, M]
-            ctx = jnp.where(
-                back >= 1, history[rows[:, None], jnp.clip(back, 0, history.shape[1] - 1)], -1
-            )  # the last M output tokens, newest first; the start slot (0) never matches
-            in_sync = (
-                (cursor >= start)
-                & (cursor <= last)
-                & (marked[rows, jnp.clip(cursor, 0, src_len - 1)] == token)
-            )
-            match = jnp.zeros((batch, src_len), jnp.int32)
-            alive = jnp.ones((batch, src_len), bool)
+        def at(table, i):
+            """table[b, i[b, n]] for a [b, S] table and int32 [b, n] indices (clipped)."""
+            return jnp.take_along_axis(table, jnp.clip(i, 0, src_len - 1), axis=1)
+
+        def advance(cursor, token, position, ctx):
+            """The cursor after decoder input `token` at `position` (int32 [b, n] each), given its
+            last M inputs ctx int32 [b, n, M] (newest first, -1 before position 1), and whether
+            the token was in sync (bool [b, n])."""
+            in_sync = (cursor >= start[:, None]) & (cursor <= last[:, None])
+            in_sync &= at(marked, cursor) == token
+            match = jnp.zeros((batch, src_len, cursor.shape[1]), jnp.int32)  # [b, S, n]
+            alive = jnp.ones((batch, src_len, cursor.shape[1]), bool)
             for m in range(max_ngram):
-                alive &= shifted[m] == ctx[:, m : m + 1]
+                alive &= shifted[m] == ctx[:, None, :, m]
                 match += alive
-            distance = jnp.abs(index - cursor[:, None])  # [b, S]
+            distance = jnp.abs(index[None, :, None] - cursor[:, None, :])  # [b, S, n]
             allowed = (match >= 2) | ((match == 1) & (distance <= window))
-            score = match * big - 2 * distance - (index < cursor[:, None])
+            score = match * big - 2 * distance - (index[None, :, None] < cursor[:, None, :])
             score = jnp.where(allowed, score, -1)
-            best = jnp.argmax(score, axis=1)
+            best = jnp.argmax(score, axis=1)  # [b, n]
             found = jnp.max(score, axis=1) >= 0
             # t replaced src[cursor]: a word-initial t the rest of that source word too.
-            c = jnp.clip(jnp.maximum(cursor, start), 0, src_len - 1)
-            guess = jnp.minimum(jnp.maximum(cursor, start) + 1, last)
+            c = jnp.maximum(cursor, start[:, None])
+            guess = jnp.minimum(c + 1, last[:, None])
             if word_initial is not None:
                 t_initial = word_initial[jnp.clip(token, 0, vocab - 1)]
-                guess = jnp.where(t_initial, next_word[rows, c], guess)
+                guess = jnp.where(t_initial, at(next_word, c), guess)
             new = jnp.where(in_sync, cursor + 1, jnp.where(found, best + 1, guess))
-            return jnp.where(position == 0, start, new).astype(jnp.int32)
+            return jnp.where(position == 0, start[:, None], new).astype(jnp.int32), in_sync
 
-        def step(tokens, positions, cache):
+        def proposal_logits(cursors, before, in_sync):
+            """float32 [b, k, V] after nodes with cursors, cursors before them and sync flags
+            (int32, int32, bool [b, k])."""
+            if branches == 1:
+                proposal = at(src, cursors)  # [b, k]
+                found = (cursors >= start[:, None]) & (cursors <= last[:, None]) & (proposal > 0)
+                one_hot = jnp.where(jnp.arange(vocab) == proposal[..., None], 0.0, sampling.NEG_INF)
+                return jnp.where(found[..., None], one_hot, 0.0)  # [b, k, V]; uniform if none
+            # src[c]; in sync: src[c + 1], src[c + 2], ...; else src[before], src[c + 1], ...
+            ahead = [cursors + j for j in range(branches)]
+            if branches >= 2:
+                second = jnp.where(in_sync, ahead[1], before)
+                ahead = [ahead[0], second, jnp.where(in_sync, -1, ahead[1]), *ahead[2:]]
+            where = jnp.stack(ahead, axis=-1)  # [b, k, C]
+            flat = where.reshape(batch, -1)
+            candidates = at(src, flat).reshape(where.shape)
+            valid = (where >= start[:, None, None]) & (where <= last[:, None, None])
+            valid &= candidates > 0
+            return drafts.ranked_logits(candidates, valid, vocab, branches)
+
+        def step(tokens, positions, cache, tree=None):
             k, max_len = tokens.shape[1], cache["tokens"].shape[1]
-            pos = positions[:, None] + jnp.arange(k)  # [b, k]
-            history = cache["tokens"].at[rows[:, None], pos].set(tokens, mode="drop")
+            nodes, depth, offsets = drafts.context_offsets(tree, k, max_ngram)
+            slots = positions[:, None] + jnp.asarray(nodes)  # [b, k]
+            pos = positions[:, None] + jnp.asarray(depth)  # [b, k]
+            history = cache["tokens"].at[rows[:, None], slots].set(tokens, mode="drop")
+            ctx = drafts.suffix_context(history, positions, depth, offsets)  # [b, k, M]
             prev = cache["cursor"][rows, jnp.clip(positions - 1, 0, max_len - 1)]
-            cursor0 = jnp.where(positions >= 1, prev, start)  # [b] cursor before the block
+            cursor0 = jnp.where(positions >= 1, prev, start)  # [b] cursor before the root
+            if tree is None:
 
-            def one(cursor, column):
-                token, position = column
-                cursor = advance(cursor, token, position, history)
-                return cursor, cursor
+                def one(cursor, column):
+                    token, position, context = column
+                    new, sync = advance(
+                        cursor[:, None], token[:, None], position[:, None], context[:, None]
+                    )
+                    return new[:, 0], (new[:, 0], sync[:, 0], cursor)
 
-            _, cursors = jax.lax.scan(one, cursor0, (tokens.T, pos.T))  # [k, b]
-            cursors = cursors.T  # [k, b] -> [b, k]
-            cursor_cache = cache["cursor"].at[rows[:, None], pos].set(cursors, mode="drop")
-            proposal = src[rows[:, None], jnp.clip(cursors, 0, src_len - 1)]  # [b, k]
-            found = (cursors >= start[:, None]) & (cursors <= last[:, None]) & (proposal > 0)
-            one_hot = jnp.where(jnp.arange(vocab) == proposal[..., None], 0.0, sampling.NEG_INF)
-            logits = jnp.where(found[..., None], one_hot, 0.0)  # [b, k, V]; uniform if none
+                columns = (tokens.T, pos.T, jnp.moveaxis(ctx, 1, 0))
+                _, (cursors, in_sync, before) = jax.lax.scan(one, cursor0, columns)  # [k, b]
+                cursors, in_sync, before = cursors.T, in_sync.T, before.T  # [k, b] -> [b, k]
+            else:
+                cursors, in_sync, before = _tree_cursors(
+                    advance, tree, nodes, tokens, pos, ctx, cache["cursor"], positions, cursor0
+                )
+            cursor_cache = cache["cursor"].at[rows[:, None], slots].set(cursors, mode="drop")
+            logits = proposal_logits(cursors, before, in_sync)
             return logits, {"tokens": history, "cursor": cursor_cache}
 
+        step.move_slots = drafts.move_position_slots
+        step.cache_slots = lambda cache: cache["tokens"].shape[1]
         return step
+
+
+def _tree_cursors(advance, query, nodes, tokens, pos, ctx, cursor_cache, positions, cursor0):
+    """Cursors after the nodes of a tree call, level by level.
+
+    A node's cursor before it is its parent's: from this call (a node earlier in the level order)
+    or from the cache (slot positions + parent, written by an earlier call of the iteration); the
+    root's is `cursor0`. Nodes whose parents are all known run as one vectorised `advance`.
+
+    Args:
+      advance: the step's cursor update; query: the `tree.TreeQuery`; nodes: int32 [m] (static).
+      tokens, pos: int32 [b, m]; ctx: int32 [b, m, M]; cursor_cache: int32 [b, L];
+      positions, cursor0: int32 [b].
+
+    Returns:
+      cursors, in_sync, before: int32, bool, int32 [b, m] (after, in sync, before each node).
+    """
+    parent = query.shape.parent[nodes]  # static
+    where_in_call = {int(node): j for j, node in enumerate(nodes)}
+    level = np.zeros(len(nodes), int)  # ancestors inside this call
+    for j in np.argsort(nodes, kind="stable"):  # breadth first: parents first
+        p = int(parent[j])
+        level[j] = level[where_in_call[p]] + 1 if p in where_in_call else 0
+    batch, max_len = cursor_cache.shape
+    rows = jnp.arange(batch)[:, None]
+    outside = jnp.clip(positions[:, None] + jnp.asarray(np.maximum(parent, 0)), 0, max_len - 1)
+    before = jnp.where(
+        jnp.asarray(parent >= 0)[None], cursor_cache[rows, outside], cursor0[:, None]
+    )  # [b, m] from the cache or the root's
+    cursors = jnp.zeros_like(tokens)
+    in_sync = jnp.zeros(tokens.shape, bool)
+    for lv in range(int(level.max()) + 1):
+        group = np.flatnonzero(level == lv)
+        if lv > 0:
+            from_call = np.asarray([where_in_call[int(parent[j])] for j in group])
+            before = before.at[:, group].set(cursors[:, from_call])
+        new, sync = advance(before[:, group], tokens[:, group], pos[:, group], ctx[:, group])
+        cursors = cursors.at[:, group].set(new)
+        in_sync = in_sync.at[:, group].set(sync)
+    return cursors, in_sync, before
 
 
 def prefix_token_ids(prefix: str, vocabulary=None) -> tuple[int, ...]:
