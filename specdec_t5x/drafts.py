@@ -19,7 +19,8 @@ halves, so a timer can build the cache once and time only the step:
 * `UnigramDraft` / `BigramDraft`: n-gram language models over the task's training targets
   (the paper's Table 3 baselines), fitted by `fit_ngram_drafts`.
 * `SourceCopyDraft`: prompt lookup over the *source* (the token after the longest match of the
-  recent output n-gram in the encoder input; one-hot q). `copy_drafts` has an aligned one.
+  recent output n-gram in the encoder input; one-hot q, or with `branches` the continuations of
+  several distinct matches ranked, for token trees). `copy_drafts` has an aligned one.
 Exactness never depends on the draft: speculative sampling only needs the q it sampled from.
 """
 

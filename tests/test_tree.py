@@ -556,20 +556,25 @@ def test_argmax_identity_with_ngram_drafts(t5_pair):
             np.testing.assert_array_equal(got, want, err_msg=f"{type(draft).__name__} {shape}")
 
 
-def test_source_copy_draft_is_refused_with_trees():
-    p, _ = random_tables(seed=0, vocab=32)
-    enc = encoder_inputs(1, ENC_LEN, [9])
-    copy = drafts.SourceCopyDraft(32)
-    with pytest.raises(ValueError, match="draft step that takes tree="):
-        speculative.speculative_sample(
-            jnp.zeros((1, 3), jnp.int32),
-            toy_cache(1, 3),
-            toy_tree_step(p),
-            copy.init_cache(copy.params, enc, 3),
-            copy.make_step(copy.params, enc),
-            EOS,
-            tree=(2, 2),
-        )
+def test_source_copy_draft_runs_with_trees():
+    """Copy drafts are tree steps (tests/test_copy_draft_trees.py has the rest): with trees the
+    prompt-lookup draft is accepted and argmax mode gives the toy target's greedy tokens."""
+    p, _ = random_tables(seed=0, vocab=32, max_len=4)
+    enc = encoder_inputs(2, ENC_LEN, [9, 4])
+    copy = drafts.SourceCopyDraft(32, branches=2)
+    shape = tree.TreeShape((2, 2))
+    slots = 4 + shape.num_nodes - 1
+    decodes, _ = speculative.speculative_sample(
+        jnp.zeros((2, 4), jnp.int32),
+        toy_cache(2, slots),
+        toy_tree_step(p),
+        copy.init_cache(copy.params, enc, slots),
+        copy.make_step(copy.params, enc),
+        EOS,
+        tree=shape,
+        temperature=0.0,
+    )
+    np.testing.assert_array_equal(decodes, greedy_toy_decode(p, jnp.zeros((2, 4), jnp.int32)))
 
 
 @pytest.mark.parametrize("rule", ["without_replacement"])  # the rules differ only in verify_tree
