@@ -536,12 +536,13 @@ def ranked_logits(candidates: Array, valid: Array, vocab: int, branches: int) ->
     keep = jnp.stack(keep, axis=-1)  # [..., C]
     rank = jnp.cumsum(keep, axis=-1) - 1
     keep &= rank < branches
-    vocab_ids = jnp.arange(vocab)
-    logits = jnp.full(candidates.shape[:-1] + (vocab,), sampling.NEG_INF, jnp.float32)
-    for c in range(num):
-        hit = keep[..., c, None] & (vocab_ids == candidates[..., c, None])
-        logits = jnp.where(hit, (-rank[..., c, None]).astype(jnp.float32), logits)
-    return jnp.where(jnp.any(keep, axis=-1)[..., None], logits, 0.0)
+    lead = candidates.shape[:-1]
+    base = jnp.where(jnp.any(keep, axis=-1), sampling.NEG_INF, 0.0).reshape(-1, 1)  # [N, 1]
+    logits = jnp.broadcast_to(base, (base.shape[0], vocab)).astype(jnp.float32)  # [N, V]
+    ids = jnp.where(keep, candidates, vocab).reshape(-1, num)  # vocab: dropped
+    values = (-rank).astype(jnp.float32).reshape(-1, num)
+    logits = logits.at[jnp.arange(ids.shape[0])[:, None], ids].set(values, mode="drop")
+    return logits.reshape(lead + (vocab,))
 
 
 class SourceCopyDraft(Draft):
