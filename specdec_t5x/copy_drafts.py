@@ -162,7 +162,7 @@ class AlignedCopyDraft(drafts.Draft):
           reads the cursor before the block at position positions - 1 (the source start at
           position 0) and runs its k cursor updates in order (`lax.scan`); a tree call reads each
           node's cursor before it at its parent's slot (the root's as a block call's) and updates
-          the call's nodes level by level (a node whose parent is in the same call after it).
+          the call's nodes level by level (parents before children when both are in the call).
         """
         src = encoder_input_tokens  # [b, S]
         batch, src_len = src.shape
