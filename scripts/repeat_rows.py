@@ -48,6 +48,25 @@ ROW_SETS = {
             ]
             for t in (0, 1)
         },
+        "trees_sum_embedded_t0": [
+            "gin/experiments/embedded_sum_model_t0.gin",
+            "--gin.GAMMA=2",
+            "--gin.GAMMAS=[1, 3]",
+            "--gin.TREES=[(2, 1), (2, 2), (2, 1, 1)]",
+        ],
+        **{
+            f"trees_correct_{shape}_{draft}_t0": [
+                f"gin/experiments/embedded_correct_{draft}_t0.gin",
+                *([f"--gin.TARGET_SHAPE='{shape}'"] if shape != "embedded" else []),
+                "--gin.NUM_EXAMPLES=30",
+                "--gin.GAMMA=8",
+                "--gin.GAMMAS=[4]",
+                "--gin.COPY_BRANCHES=2",
+                "--gin.TREES=[(2, 1, 1, 1), (2, 1, 1, 1, 1, 1, 1, 1), (2, 2, 1, 1, 1, 1)]",
+            ]
+            for shape in ("embedded", "base")
+            for draft in ("aligned_copy", "source_copy")
+        },
         "trees_embedded_auto_t0": [
             T0,
             "--gin.GAMMA=2",
@@ -58,9 +77,7 @@ ROW_SETS = {
     },
     "sum_paper_regime": {  # summarization, target widened: the draft with its own encoder
         f"sum_{shape}_t{t}": [
-            f"gin/experiments/embedded_sum_model_t{t}.gin",
-            "--gin_file=gin/models/embedded_sum_draft.gin",
-            "--gin.DRAFT_NAME='T5 draft (2.4M, own encoder)'",
+            f"gin/experiments/embedded_sum_model_own_encoder_t{t}.gin",
             f"--gin.TARGET_SHAPE='{shape}'",
         ]
         for shape in ("base",)
