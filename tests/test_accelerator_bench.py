@@ -53,8 +53,27 @@ def test_smoke_runs_without_gin_seqio_tf_and_writes_results(tmp_path):
     for row in rows:
         assert 0.0 <= row["alpha"] <= 1.0 and row["tokens_per_iteration"] >= 1.0
         assert row["speculative_s"] > 0 and row["baseline_s"] > 0
+    # Token trees beside the chains: one tree row per temperature, timed in the same run.
+    trees = result["end_to_end"]["tree_rows"]
+    assert {(r["temperature"], r["name"]) for r in trees} == {
+        (0.0, "tree(2,1)"),
+        (1.0, "tree(2,1)"),
+    }
+    assert not result["end_to_end"]["cost_model"].get("skipped_for_budget")
+    for row in trees:
+        assert row["nodes"] == 5 and row["tree"] == [2, 1] and row["tokens_per_iteration"] >= 1.0
+        assert row["speculative_s"] > 0 and row["baseline_s"] > 0
+        assert len(row["depth_acceptance"]) == 2 and len(row["rank_acceptance"]) == 2
+        assert all(0.0 <= a <= 1.0 for a in row["depth_acceptance"] + row["rank_acceptance"])
+        assert 0 < row["depth_tested"][0] <= row["target_calls"]  # depth 1: at most once a call
+    # Greedy tree decoding is greedy decoding: every example identical to the baseline.
+    assert next(r for r in trees if r["temperature"] == 0.0)["identical_fraction"] == 1.0
     table = (tmp_path / "cpu.md").read_text()
-    assert "| Task | M_q | Temp | γ | α |" in table and "command:" in table
+    assert "| Task | M_q | Temp | γ | nodes | α |" in table and "command:" in table
+    for temperature in (0, 1):
+        assert f"| small_smoke | {temperature} | tree(2,1) | 5 |" in table  # the Table 2 rows
+        assert f"| {temperature} | tree(2,1) | 5 |" in table  # acceptance per depth and rank
+    assert "T(2)" in table and "per depth | per rank |" in table
 
 
 def test_cost_model_gamma_uses_measured_verify_cost():
@@ -114,3 +133,23 @@ def test_shipped_token_file_is_readable():
     data = export_tokens.read_tokens(accelerator.TOKENS_FILE)
     assert data["inputs"].shape[0] >= 32 and data["meta"]["task"] == "ddtp_ende"
     assert data["inputs"].dtype == np.int32 and np.all(data["inputs"][:, 0] > 0)
+
+
+def test_step_costs_handle_k_beyond_max_decode_len():
+    """The paper setting times T(64) with max_decode_len 64: the cache grows as a 64-node tree's."""
+    shape = accelerator.SETTINGS["smoke"]["drafts"]["small_smoke"]
+    model = accelerator.widened_params("embedded_ende_draft", shape)
+    s = {"max_decode_len": 6, "ks": (1, 8), "batches": (1,), "steps_per_call": 1, "repeats": 1}
+    enc = export_tokens.read_tokens(accelerator.TOKENS_FILE)["inputs"][:1, :16]
+    costs = accelerator.measure.step_costs(
+        {"target": model, "d": model}, enc, s, accelerator.Budget(60)
+    )["1"]
+    assert set(costs["target_step_ms"]) == {"1", "8"} and costs["verify_cost_ratio"]["1"] == 1.0
+    assert all(ms > 0 for ms in costs["target_step_ms"].values()) and costs["c"]["d"] > 0
+    assert accelerator.measure.tree_name((4, 2, 2, 1)) == "tree(4,2,2,1)"
+    layout = accelerator.measure.step_cost_layout
+    assert layout(64, (1, 16)) == (47, 64)  # chains alone: the cache stays max_decode_len
+    assert layout(64, (1, 64)) == (32, 96)  # a 64-token call fits past the limit
+    assert layout(6, (1, 8)) == (3, 11)
+    with pytest.raises(ValueError, match="ks >= 1"):
+        layout(64, (0, 2))

@@ -13,22 +13,31 @@ Layers run under `nn.scan` (`T5Config.scan_layers`) so XXL compiles one layer, n
 Measures (written to `DIR/<device>.json` and a Table-2-shaped `DIR/<device>.md`):
 
 (a) step costs, batch 1 and 8: the XXL target's cached decoder call on k tokens, T(k) for
-    k in {1, 2, 4, 8, 16} (T(γ+1)/T(1) is the verify cost the paper assumes ~1), and each draft's
-    one-token step, c = draft step / T(1). Timed inside a `fori_loop` (`steps_per_call` steps per
-    call), interleaved rounds, medians.
+    k in {1, 2, 4, 8, 16, 32, 64} (T(γ+1)/T(1) is the verify cost the paper assumes ~1), and each
+    draft's one-token step, c = draft step / T(1). Timed inside a `fori_loop` (`steps_per_call`
+    steps per call), interleaved rounds, medians. The ordinary k-token call is also a token tree's
+    verify cost: a tree call on K nodes feeds the same K tokens through the same matmuls, only
+    the attention mask differs, and on CPU it costs what a K-token call costs; T(32), T(64) tell
+    whether a 32-64-node tree verifies for about one step.
 (b) end to end on real DDTP inputs (`data/export_tokens` file, batch 1): baseline (target alone)
-    vs speculative (XXL target + small draft) at T = 0 and 1, timed example by example in
-    a seeded random order (`clock.call_order`); γ from the cost model E(α, γ) / (γ c + T(γ+1)/T(1)) with α from a pilot γ
-    and the measured c and T(k); at T = 0 also a small γ sweep.
+    vs speculative (XXL target + small draft) at T = 0 and 1, timed example by example in a
+    seeded random order (`clock.call_order`); γ from the cost model
+    E(α, γ) / (γ c + T(γ+1)/T(1)) with α from a pilot γ and the measured c and T(k); at T = 0 also
+    a small γ sweep. Token trees (`speculative.speculative_sample(tree=(2, 2, 2, 1),
+    tree_rule='without_replacement')`, K <= 64 nodes, caches of max_decode_len + K - 1 slots)
+    run at both temperatures in the same run as the cost-model γ, against the same baseline:
+    tokens per target call, speed-up, identical fraction, acceptance per depth and rank
+    (`tree.TreeStats`).
 (c) the XXL one-token step against the weight-streaming floor (bytes read by one decoder step:
     decoder parameters except the cross-attention key/value kernels, plus the KV caches, divided by
     the measured device copy bandwidth), and what a 32128-way logits layer (T5's vocabulary, random
     weights) adds to a step compared with our 8192-way one.
 
 This module builds the models and settings, runs the phases and writes the report; the measurements
-themselves are in `accelerator_measure`. Imports only JAX-side modules (jax, flax, numpy, msgpack via
-flax); no gin, seqio, TensorFlow. Prints elapsed time and the remaining budget after every phase; optional work (extra γ values) is
-skipped when the budget is short, and the output says so.
+themselves are in `accelerator_measure`. Imports only JAX-side modules (jax, flax, numpy, msgpack
+via flax); no gin, seqio, TensorFlow. Prints elapsed time and the remaining budget after every
+phase; optional work (token trees, then extra γ values) is skipped when the budget is short, and
+the output says so.
 """
 
 from __future__ import annotations
@@ -93,13 +102,16 @@ SETTINGS = {
             "base": _shape(768, 12, 12, 12, 2048),
             "large": _shape(1024, 16, 24, 24, 2816),
         },
-        "ks": (1, 2, 4, 8, 16),
+        "ks": (1, 2, 4, 8, 16, 32, 64),  # 32, 64: token-tree verify calls
         "batches": (1, 8),
         "num_examples": 32,
         "max_decode_len": 64,
         "gamma_sweep": (1, 2, 3, 5, 7),
         "pilot_gamma": 3,
-        "gamma_candidates": tuple(range(1, 16)),  # γ + 1 <= 16, the largest measured k
+        "gamma_candidates": tuple(range(1, 16)),  # γ + 1 <= 16
+        # Token trees, K nodes incl. the root: 23, 45, 61 (K <= 64, the largest measured k).
+        "trees": ((2, 2, 2, 1), (4, 2, 2, 1), (4, 2, 2, 1, 1)),
+        "tree_rule": "without_replacement",
         "repeats": 10,
         "steps_per_call": 8,
         "copy_mib": 2048,
@@ -115,6 +127,8 @@ SETTINGS = {
         "gamma_sweep": (2,),
         "pilot_gamma": 2,
         "gamma_candidates": (2,),  # one compile fewer; cost_model_gamma is tested on its own
+        "trees": ((2, 1),),  # 5 nodes
+        "tree_rule": "without_replacement",
         "repeats": 2,
         "steps_per_call": 2,
         "copy_mib": 4,
@@ -241,7 +255,9 @@ def run_benchmark(
 
 
 def markdown(r: dict[str, Any]) -> str:
-    """Table 2 shape for (b), then the T(k) / c table (a) and the floor (c), with provenance."""
+    """Table 2 shape for (b) (chains and token trees, γ column 'tree(2,2,2,1)' for a tree, nodes =
+    tokens per verify call) and the trees' acceptance per depth and rank, then the T(k) / c table
+    (a) and the floor (c), with provenance."""
     draft = next(iter(r["drafts"]))
     lines = [
         f"# Speculative decoding on {r['device']} (widened models, bfloat16)",
@@ -257,19 +273,54 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         "## (b) End to end (Table 2 shape)",
         "",
-        "| Task | M_q | Temp | γ | α | c | verify/step | tokens/iter | Speed | Predicted (Thm 3.8) "
-        "| Predicted (measured verify) | identical | cost-model γ |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| Task | M_q | Temp | γ | nodes | α | c | verify/step | tokens/iter | Speed "
+        "| Predicted (Thm 3.8) | Predicted (measured verify) | identical | cost-model γ |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in sorted(r["end_to_end"]["rows"], key=lambda x: (x["temperature"], x["gamma"])):
+    e2e = r["end_to_end"]
+    tree_rows = e2e.get("tree_rows", [])
+    chains = sorted(e2e["rows"], key=lambda x: (x["temperature"], x["gamma"]))
+    trees = sorted(tree_rows, key=lambda x: (x["temperature"], x["nodes"]))
+    for row in sorted(chains + trees, key=lambda x: x["temperature"]):  # stable: chains first
+        tree = "tree" in row
+        predicted = (
+            ("–", "–")
+            if tree
+            else (
+                f"{row['predicted_speedup_thm38']:.2f}X",
+                f"{row['predicted_speedup_measured_verify']:.2f}X",
+            )
+        )
         lines.append(
-            f"| {r['tokens_file'].get('task')} | {draft} | {row['temperature']:g} | {row['gamma']} "
+            f"| {r['tokens_file'].get('task')} | {draft} | {row['temperature']:g} "
+            f"| {row['name'] if tree else row['gamma']} | {row['nodes']} "
             f"| {row['alpha']:.2f} | {row['c']:.3f} | {row['verify_cost_ratio']:.2f} "
             f"| {row['tokens_per_iteration']:.2f} | {row['speedup']:.2f}X "
-            f"| {row['predicted_speedup_thm38']:.2f}X "
-            f"| {row['predicted_speedup_measured_verify']:.2f}X | {row['identical_fraction']:.2f} "
-            f"| {'yes' if row['cost_model_gamma'] else ''} |"
+            f"| {predicted[0]} | {predicted[1]} | {row['identical_fraction']:.2f} "
+            f"| {'yes' if row.get('cost_model_gamma') else ''} |"
         )
+    lines += [
+        "",
+        "nodes: tokens of one verify call (γ + 1 for a chain, K for a tree, root included); "
+        "verify/step: T(nodes)/T(1) from (a); a tree's α is Corollary 3.6's over its tested "
+        "depths' nodes; tree rule: " + str(r["settings"].get("tree_rule", "without_replacement")),
+    ]
+    if trees:
+        lines += [
+            "",
+            "### Token trees: acceptance per depth and per rank (accepted / tested)",
+            "",
+            "| Temp | tree | nodes | tokens/iter | over cost-model chain | per depth | per rank |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in trees:
+            over = row.get("tokens_per_call_over_chain")
+            lines.append(
+                f"| {row['temperature']:g} | {row['name']} | {row['nodes']} "
+                f"| {row['tokens_per_iteration']:.2f} | {'' if over is None else f'{over:.2f}x'} "
+                f"| {', '.join(f'{a:.2f}' for a in row['depth_acceptance'])} "
+                f"| {', '.join(f'{a:.2f}' for a in row['rank_acceptance'])} |"
+            )
     ks = list(r["step_costs"][next(iter(r["step_costs"]))]["target_step_ms"])
     lines += [
         "",
@@ -307,7 +358,7 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     skipped = r["end_to_end"]["cost_model"].get("skipped_for_budget")
     if skipped:
-        lines.append(f"- skipped for the time budget (T, γ): {skipped}")
+        lines.append(f"- skipped for the time budget (T, γ or tree): {skipped}")
     return "\n".join(lines) + "\n"
 
 
