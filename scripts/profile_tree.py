@@ -401,7 +401,8 @@ def measure(args) -> dict:
     for g in args.gammas:
         rows[f"draft/chain γ={g}"] = prof.draft_chain(g)
     for n in args.nodes:
-        rows[f"verify/tree N={n}"] = prof.verify(n, tree=True)
+        if n > 1:  # a tree has a root and at least one child; k = 1 is the one-token step
+            rows[f"verify/tree N={n}"] = prof.verify(n, tree=True)
         rows[f"verify/chain k={n}"] = prof.verify(n, tree=False)
     for g in args.gammas:
         if g + 1 not in args.nodes:
