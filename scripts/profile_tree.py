@@ -61,15 +61,18 @@ EXPERIMENT = "gin/experiments/embedded_ende_model_t0.gin"
 BUILD = ["spec/gin_utils.build.obj = %SPEC_MODEL", "params/gin_utils.build.obj = %TARGET_PARAMS"]
 
 
-def _parse_tree(text: str) -> tuple[int, ...]:
+def _parse_tree(text: str) -> tree_lib.TreeShape:
     try:
-        shape = tuple(int(x) for x in text.strip("()").split(",") if x.strip())
-        tree_lib.TreeShape(shape)
+        body = text.removeprefix("tree")
+        if body.startswith("["):  # child-rank paths, digits per node: [0,1,00,000]
+            paths = tuple(tuple(int(r) for r in p.strip()) for p in body.strip("[]").split(","))
+            return tree_lib.TreeShape(paths=paths)
+        return tree_lib.TreeShape(tuple(int(x) for x in body.strip("()").split(",") if x.strip()))
     except ValueError as e:
         raise argparse.ArgumentTypeError(
-            f"a tree is comma-separated branching factors, e.g. 3,2,1; got {text!r} ({e})"
+            f"a tree is comma-separated branching factors, e.g. 3,2,1, or child-rank paths in "
+            f"brackets, e.g. [0,1,00,000]; got {text!r} ({e})"
         ) from e
-    return shape
 
 
 def _ints(text: str) -> list[int]:
@@ -316,7 +319,7 @@ class Profiler:
             )
         )
         (_, ts), (_, ds) = spec.states(self.params, self.draft_params, self.enc, slots)
-        kwargs = dict(gamma=gamma) if shape is None else dict(tree=shape.branching)
+        kwargs = dict(gamma=gamma) if shape is None else dict(tree=shape.spec)
 
         def run(caches):
             tc, dc = caches
@@ -373,13 +376,13 @@ def measure(args) -> dict:
     prof = Profiler(
         spec_model, params, draft_params, enc, max_len, args.reps, args.prefix, args.temperature
     )
-    trees = [tree_lib.TreeShape(t) for t in args.trees]
+    trees = list(args.trees)
     rows, per_call = {}, {}  # name -> () -> None; name -> divisor (calls of a whole decode)
     for g in args.gammas:
         call, calls = prof.decode(None, g)
         rows[f"iteration/chain γ={g}"], per_call[f"iteration/chain γ={g}"] = call, calls
     for t in trees:
-        name = f"tree{t.branching}".replace(" ", "")
+        name = t.name
         call, calls = prof.decode(t, t.max_depth)
         rows[f"iteration/{name}"], per_call[f"iteration/{name}"] = call, calls
         if has_body:
@@ -426,7 +429,7 @@ def measure(args) -> dict:
         }
     return {
         "target_shape": args.target_shape or "shipped",
-        "trees": [list(t.branching) for t in trees],
+        "trees": [t.name for t in trees],
         "gammas": args.gammas,
         "nodes": args.nodes,
         "repeats": args.repeats,
@@ -460,7 +463,9 @@ def main(argv=None):
         epilog="\n".join(__doc__.splitlines()[2:]),
     )  # fmt: skip
     parser.add_argument("--target_shape", default=None, help="None (shipped), small, base, large")
-    parser.add_argument("--trees", type=_parse_tree, nargs="+", default=[(3, 2, 1)])
+    parser.add_argument(
+        "--trees", type=_parse_tree, nargs="+", default=[tree_lib.TreeShape((3, 2, 1))]
+    )
     parser.add_argument("--gammas", type=_ints, default=[2], help="chain γs, e.g. 2,5")
     parser.add_argument("--nodes", type=_ints, default=[4, 8, 16, 31], help="verify sizes")
     parser.add_argument(

@@ -56,7 +56,7 @@ class AutoGammaDecoder:
       baseline_sampler: the γ = 0 decoder's draw (`decoding.SAMPLERS`; the eval job passes its
         fair baseline's at T > 0).
       trees: token trees also considered, each its per-depth branching factors (e.g. ((2, 2),
-        (3, 2, 1)); `tree.parse_tree`): calibrated with the chains, timed on their own calls and
+        (3, 2, 1))) or child-rank paths (`tree.parse_tree`): calibrated with the chains, timed on their own calls and
         chosen when measured faster than the chains (`auto_trees.TreeChooser`). Empty: chains
         only, exactly as without this argument.
       tree_rule: the trees' acceptance rule at T > 0 (`tree.TREE_RULES`).
@@ -97,7 +97,7 @@ class AutoGammaDecoder:
             raise ValueError(f"gamma_max must be an int >= 1; got gamma_max={gamma_max!r}.")
         if not isinstance(calibration_rounds, int) or calibration_rounds < 0:
             raise ValueError(f"calibration_rounds must be an int >= 0; got {calibration_rounds!r}.")
-        self.trees = tuple(tuple(tree_lib.parse_tree(tuple(s)).branching) for s in trees or ())
+        self.trees = tuple(tree_lib.parse_tree(s).spec for s in trees or ())
         if self.trees and (not calibration_rounds or curve is not None):
             raise ValueError(
                 f"trees {self.trees} need the calibration (calibration_rounds >= 1, no given "

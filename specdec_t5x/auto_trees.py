@@ -31,7 +31,7 @@ MEASUREMENTS = ("probe", "time_baseline", "retime_baseline", "retime_speculative
 
 def plan_name(plan) -> str:
     """The name of an auto plan in rows and histories: γ as '0', '2', ...; a tree as 'tree(3,2,1)'
-    (the eval job's tree row names, `eval.config.SpeculationConfig.tree_rows`); a name as is.
+    or 'tree[0,1,00]' (`tree.tree_name`, the eval job's tree row names); a name as is.
 
     Raises:
       ValueError: a plan that is neither an int γ >= 0, a tuple or list of ints, nor a str.
@@ -40,13 +40,17 @@ def plan_name(plan) -> str:
         return plan
     if isinstance(plan, int | np.integer) and not isinstance(plan, bool) and plan >= 0:
         return str(int(plan))
-    if (
-        isinstance(plan, tuple | list)
-        and plan
-        and all(isinstance(b, int | np.integer) for b in plan)
-    ):
-        return f"tree({','.join(str(int(b)) for b in plan)})"
-    raise ValueError(f"an auto plan is an int γ >= 0 or a tree shape (ints); got {plan!r}.")
+    if isinstance(plan, tuple | list) and plan:
+        from specdec_t5x import tree as tree_lib  # local: imports the network
+
+        try:
+            return tree_lib.tree_name(plan)
+        except (TypeError, ValueError):
+            pass
+    raise ValueError(
+        f"an auto plan is an int γ >= 0 or a tree shape (branching factors or child-rank paths); "
+        f"got {plan!r}."
+    )
 
 
 def _running(factory):
@@ -59,11 +63,12 @@ class TreeChooser:
 
     Attributes:
       controller: the `GammaController` of the chains (its config's `tree_margin` is the margin).
-      shapes: the candidate trees, per-depth branching factors (e.g. ((2, 2), (3, 2, 1))).
+      shapes: the candidate trees, per-depth branching factors (e.g. ((2, 2), (3, 2, 1))) or
+        child-rank paths (`tree.TreeShape`).
       terms: {shape: [timed calls, Σ modelled baseline ms at their lengths, Σ wall ms]}.
 
     Raises:
-      ValueError: no shapes, or a shape that is not a tuple of ints.
+      ValueError: no shapes, or a shape that is not a tree (`tree.TreeShape`).
     """
 
     controller: gamma_controller.GammaController
@@ -71,7 +76,9 @@ class TreeChooser:
     terms: dict = _running(dict)
 
     def __post_init__(self):
-        self.shapes = tuple(tuple(s) for s in self.shapes)
+        self.shapes = tuple(
+            tuple(tuple(p) if isinstance(p, list | tuple) else p for p in s) for s in self.shapes
+        )
         if not self.shapes:
             raise ValueError("TreeChooser needs at least one tree shape; got none.")
         for shape in self.shapes:

@@ -14,8 +14,9 @@ Glossary (the paper's terms; p is always the target, q the draft):
 * beta (β): Σ_x min(p(x), q(x)), the acceptance probability of one position (Def. 3.1);
   alpha (α) = E[β] (Corollary 3.6).
 * c: cost of one draft step relative to one target step (measured by the eval job).
-* tree: per-depth branching factors of a draft token tree, e.g. (3, 2, 1); the target verifies
-  every node in one call (`tree`; `speculative_sample(tree=...)`). A chain of γ is (1,) * γ.
+* tree: a draft token tree (per-depth branching factors, e.g. (3, 2, 1), or child-rank paths of
+  its nodes, `tree.TreeShape`); the target verifies every node in one call (`tree`;
+  `speculative_sample(tree=...)`). A chain of γ is (1,) * γ.
 
 Worked example of one iteration, γ = 3, 2 drafts accepted (buffer holds decoder inputs by absolute
 position; position 0 is the start token 0; `length` n counts valid positions)::
@@ -149,8 +150,9 @@ def speculative_sample(
       draft_confidence_threshold: static early exit in [0, 1): a row stops drafting after the first
         draft whose distribution has max q below it (γ is then the maximum block length; the
         target scores only the longest row's block). 0 = off. Output distribution unchanged.
-      tree: None (the chain of γ drafts above) or per-depth branching factors of a draft token
-        tree, e.g. (3, 2, 1): `tree_decoding.tree_sample` verifies every node in one target call (the
+      tree: None (the chain of γ drafts above) or a draft token tree: per-depth branching
+        factors, e.g. (3, 2, 1), or child-rank paths, e.g. ((0,), (1,), (0, 0)) (`tree.TreeShape`):
+        `tree_decoding.tree_sample` verifies every node in one target call (the
         target's distribution exactly; argmax mode: greedy's tokens). Needs `tree.TreeStep`s
         (`steps.make_block_step` builds them), token verification and no early exit.
       tree_rule: the tree's acceptance rule at T > 0, one of `tree.TREE_RULES` ('topk': the

@@ -41,82 +41,159 @@ UNLIMITED_SLOTS = 2**30  # `cache_slots` of a step without a cache
 # Shapes, node layout and the attention inputs of a tree call.
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
 @dataclasses.dataclass(frozen=True)
 class TreeShape:
-    """A token tree given by per-depth branching factors, with its static breadth-first layout.
+    """A token tree and its static breadth-first layout.
 
-    Attributes:
-      branching: (b_1, ..., b_D), b_d >= 1 children per node at depth d - 1.
+    Given either way (exactly one of the two):
+      branching: (b_1, ..., b_D), b_d >= 1 children for every node at depth d - 1: (3, 2, 1) gives
+        the root 3 children, each of them 2, each of those 1.
+      paths: any tree, as the child-rank path of every node but the root (the draft's i-th choice
+        is rank i), e.g. ((0,), (1,), (0, 0), (0, 0, 0)): the root's first and second choice, and
+        two more levels under the first. Every prefix of a path must be in the tree, and a node's
+        children must be ranks 0..m-1. `optimal_paths` builds one from measured path counts.
+
     Properties (NumPy, static): `depth` int32 [K], `parent` int32 [K] (-1 for the root), `rank`
-    int32 [K] (child index among siblings), `first_child` int32 [K] (K for leaves), `offsets`
-    (first node of each depth, D + 2 entries), `ancestors` bool [K, K] (ancestor-or-self).
+    int32 [K] (child index among siblings), `first_child` int32 [K] (0 for leaves),
+    `num_children` int32 [K], `offsets` (first node of each depth, D + 2 entries), `ancestors`
+    bool [K, K] (ancestor-or-self), `inner` (the nodes with children, increasing) and
+    `inner_index` int32 [K] (a node's index in `inner`, 0 for leaves).
 
     Raises:
-      ValueError: an empty shape or a branching factor that is not an int >= 1.
+      ValueError: neither or both given, an empty shape, a branching factor that is not an int
+        >= 1, a path that is not a tuple of ints >= 0, a missing prefix or rank, a repeat.
     """
 
-    branching: tuple[int, ...]
+    branching: tuple[int, ...] | None = None
+    paths: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self):
-        b = self.branching
+        b, paths = self.branching, self.paths
+        if (b is None) == (paths is None):
+            raise ValueError(
+                "a tree is per-depth branching factors, e.g. (3, 2, 1), or the child-rank paths of "
+                f"its nodes, e.g. ((0,), (1,), (0, 0)); got branching={b!r}, paths={paths!r}."
+            )
+        if b is not None:
+            if not isinstance(b, tuple) or not b or not all(_is_int(x) and x >= 1 for x in b):
+                raise ValueError(
+                    f"tree must be a non-empty tuple of branching factors (ints >= 1) per depth, "
+                    f"e.g. (3, 2, 1); got tree={b!r}."
+                )
+            return
         if (
-            not isinstance(b, tuple)
-            or not b
-            or not all(isinstance(x, int | np.integer) and x >= 1 for x in b)
+            not isinstance(paths, tuple)
+            or not paths
+            or not all(
+                isinstance(p, tuple) and p and all(_is_int(r) and r >= 0 for r in p) for p in paths
+            )
         ):
             raise ValueError(
-                f"tree must be a non-empty tuple of branching factors (ints >= 1) per depth, e.g. "
-                f"(3, 2, 1); got tree={b!r}."
+                "tree paths must be a non-empty tuple of non-empty tuples of child ranks (ints >= "
+                f"0), e.g. ((0,), (1,), (0, 0)); got paths={paths!r}."
             )
+        known = set(paths)
+        if len(known) != len(paths):
+            raise ValueError(f"tree paths must not repeat a node; got paths={paths!r}.")
+        for p in paths:
+            needs = ([p[:-1]] if len(p) > 1 else []) + ([p[:-1] + (p[-1] - 1,)] if p[-1] else [])
+            for need in needs:
+                if need not in known:
+                    raise ValueError(
+                        f"tree path {p} needs {need} in the tree too (every node's parent and "
+                        f"lower-ranked siblings); got paths={paths!r}."
+                    )
+
+    @functools.cached_property
+    def node_paths(self) -> tuple[tuple[int, ...], ...]:
+        """Every node's child-rank path in layout order (the root's is ())."""
+        if self.paths is None:
+            level, paths = [()], [()]
+            for b in self.branching:
+                level = [p + (i,) for p in level for i in range(b)]
+                paths += level
+            return tuple(paths)
+        return ((),) + tuple(sorted(self.paths, key=lambda p: (len(p), p)))
+
+    @property
+    def spec(self) -> tuple:
+        """What the tree was given as (`parse_tree` takes it back): branching or paths."""
+        return self.branching if self.paths is None else self.paths
+
+    @property
+    def name(self) -> str:
+        """The tree's row name: 'tree(3,2,1)' for branching factors, 'tree[0,1,00,000]' for paths
+        (each node's ranks as digits, ',' between nodes; ranks >= 10 in '.'-joined form)."""
+        if self.paths is None:
+            return "tree(" + ",".join(str(int(b)) for b in self.branching) + ")"
+        sep = "" if all(r < 10 for p in self.paths for r in p) else "."
+        return "tree[" + ",".join(sep.join(map(str, p)) for p in self.node_paths[1:]) + "]"
 
     @property
     def max_depth(self) -> int:
-        """D, the depth of the leaves (drafts per accepted path)."""
-        return len(self.branching)
+        """D, the depth of the deepest leaves (drafts per accepted path at most)."""
+        return len(self.node_paths[-1])
 
     @functools.cached_property
     def offsets(self) -> np.ndarray:
-        widths = np.cumprod((1,) + tuple(self.branching))  # nodes per depth 0..D
-        return np.concatenate([[0], np.cumsum(widths)]).astype(np.int32)  # [D + 2]
+        counts = np.bincount(self.depth, minlength=self.max_depth + 1)  # nodes per depth 0..D
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)  # [D + 2]
 
     @property
     def num_nodes(self) -> int:
         """K, nodes including the root."""
-        return int(self.offsets[-1])
+        return len(self.node_paths)
 
     @property
     def num_inner(self) -> int:
-        """Nodes at depth < D (the ones whose children are drafted)."""
-        return int(self.offsets[-2])
+        """Nodes with children (the ones whose children are drafted)."""
+        return len(self.inner)
+
+    @functools.cached_property
+    def _index(self) -> dict[tuple[int, ...], int]:
+        return {p: i for i, p in enumerate(self.node_paths)}
 
     @functools.cached_property
     def depth(self) -> np.ndarray:
-        return np.repeat(np.arange(self.max_depth + 1), np.diff(self.offsets)).astype(np.int32)
+        return np.asarray([len(p) for p in self.node_paths], np.int32)
 
     @functools.cached_property
     def parent(self) -> np.ndarray:
-        parent = np.full(self.num_nodes, -1, np.int32)
-        for d, b in enumerate(self.branching, start=1):
-            local = np.arange(self.offsets[d + 1] - self.offsets[d])
-            parent[self.offsets[d] : self.offsets[d + 1]] = self.offsets[d - 1] + local // b
-        return parent
+        return np.asarray([self._index[p[:-1]] if p else -1 for p in self.node_paths], np.int32)
 
     @functools.cached_property
     def rank(self) -> np.ndarray:
-        rank = np.zeros(self.num_nodes, np.int32)
-        for d, b in enumerate(self.branching, start=1):
-            rank[self.offsets[d] : self.offsets[d + 1]] = (
-                np.arange(self.offsets[d + 1] - self.offsets[d]) % b
-            )
-        return rank
+        return np.asarray([p[-1] if p else 0 for p in self.node_paths], np.int32)
+
+    @functools.cached_property
+    def num_children(self) -> np.ndarray:
+        return np.bincount(self.parent[1:], minlength=self.num_nodes).astype(np.int32)
 
     @functools.cached_property
     def first_child(self) -> np.ndarray:
-        first = np.full(self.num_nodes, self.num_nodes, np.int32)
-        for d, b in enumerate(self.branching):
-            local = np.arange(self.offsets[d + 1] - self.offsets[d])
-            first[self.offsets[d] : self.offsets[d + 1]] = self.offsets[d + 1] + local * b
+        first = np.zeros(self.num_nodes, np.int32)
+        for i in range(self.num_nodes - 1, 0, -1):  # children are contiguous, in rank order
+            first[self.parent[i]] = i
         return first
+
+    @functools.cached_property
+    def inner(self) -> tuple[int, ...]:
+        return tuple(int(i) for i in np.flatnonzero(self.num_children))
+
+    @functools.cached_property
+    def inner_index(self) -> np.ndarray:
+        index = np.zeros(self.num_nodes, np.int32)
+        index[list(self.inner)] = np.arange(self.num_inner)
+        return index
+
+    def max_children(self, d: int | None = None) -> int:
+        """Most children of a node (at depth d; anywhere when d is None)."""
+        counts = self.num_children if d is None else self.num_children[self.depth == d]
+        return int(counts.max(initial=0))
 
     @functools.cached_property
     def ancestors(self) -> np.ndarray:
@@ -129,18 +206,72 @@ class TreeShape:
         """The node indices at depth d (0..D)."""
         return tuple(range(int(self.offsets[d]), int(self.offsets[d + 1])))
 
+    def inner_at(self, d: int) -> tuple[int, ...]:
+        """The nodes at depth d that have children (the frontier the draft expands)."""
+        return tuple(i for i in self.nodes_at(d) if self.num_children[i])
+
 
 def parse_tree(tree) -> TreeShape:
-    """A `TreeShape` from branching factors (tuple or list of ints; gin gives lists).
+    """A `TreeShape` from branching factors (ints) or child-rank paths (tuples of ints); gin and
+    JSON give lists, taken as tuples.
 
     Raises:
       ValueError: see `TreeShape`.
     """
     if isinstance(tree, TreeShape):
         return tree
+    if isinstance(tree, list | tuple) and tree and all(isinstance(p, list | tuple) for p in tree):
+        return TreeShape(paths=tuple(tuple(p) for p in tree))
     if isinstance(tree, list | tuple):
-        tree = tuple(int(x) if isinstance(x, int | np.integer) else x for x in tree)
+        tree = tuple(tree)
     return TreeShape(tree)
+
+
+def tree_name(tree) -> str:
+    """A tree row's name (`TreeShape.name`), e.g. 'tree(3,2,1)' or 'tree[0,1,00]'."""
+    return parse_tree(tree).name
+
+
+def optimal_paths(path_counts, num_nodes: int) -> tuple[tuple[int, ...], ...]:
+    """The tree of `num_nodes` nodes (root included) that would have accepted the most tokens.
+
+    At T = 0 an iteration accepts the longest path of the tree that the target's own tokens
+    follow, so a node's worth is how often its child-rank path is a prefix of the target's
+    continuation (its count). Nodes are added most counted first among those whose parent and
+    lower-ranked sibling are in already (ties: shorter, then lower ranks). A path's count is at
+    most its prefix's, so where a lower rank is counted at least as often as a higher one this
+    is the tree of that size that accepts the most on the data counted (Sequoia, Chen et al.
+    2024, with measured counts in place of a per-position acceptance model).
+
+    Args:
+      path_counts: {child-rank path (tuple of ints): count} (`scripts/tree_ceiling.py` counts
+        them from the draft's ranks of the target's greedy tokens).
+      num_nodes: K >= 2.
+
+    Returns:
+      The paths (a `TreeShape(paths=...)` spec), fewer when fewer paths can be added.
+
+    Raises:
+      ValueError: num_nodes < 2 or no path counted.
+    """
+    if not _is_int(num_nodes) or num_nodes < 2:
+        raise ValueError(f"num_nodes must be an int >= 2 (root and one draft); got {num_nodes!r}.")
+    counts = {tuple(int(r) for r in p): c for p, c in dict(path_counts).items() if c > 0 and p}
+    if not counts:
+        raise ValueError("optimal_paths needs at least one counted path.")
+    chosen: set[tuple[int, ...]] = set()
+    while len(chosen) < num_nodes - 1:
+        ready = [
+            p
+            for p in counts
+            if p not in chosen
+            and (len(p) == 1 or p[:-1] in chosen)
+            and (p[-1] == 0 or p[:-1] + (p[-1] - 1,) in chosen)
+        ]
+        if not ready:
+            break
+        chosen.add(min(ready, key=lambda p: (-counts[p], len(p), p)))
+    return tuple(sorted(chosen, key=lambda p: (len(p), p)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -105,7 +105,7 @@ def propose_children(logits: Array, k: int, rule: str, greedy: bool, adjust, rng
 
 def expand_tree(draft_step, shape, last, root_logits, start, cache, rule, greedy, adjust, rng):
     """The draft's tree: the root's children from `root_logits`, then one tree call per depth
-    whose frontier nodes are its M rows, each node's children from its logits.
+    whose frontier (the nodes with children) are its M rows, each node's children from its logits.
 
     Args:
       draft_step: the draft's `tree_lib.TreeStep`.
@@ -119,20 +119,29 @@ def expand_tree(draft_step, shape, last, root_logits, start, cache, rule, greedy
 
     Returns:
       tokens int32 [batch, K] (breadth first, node 0 = `last`), q float32 [batch, num_inner,
-      vocab] (the draft distribution at each inner node; None in argmax mode) and the cache.
+      vocab] (the draft distribution at each node with children, in `shape.inner` order; None in
+      argmax mode) and the cache.
     """
     batch, depth_max = last.shape[0], shape.max_depth
     depth_rngs = [None] * depth_max if greedy else list(jax.random.split(rng, depth_max))
     frontier_logits = root_logits[:, None]  # [b, 1, V]
-    tokens, q_parts = [last[:, None]], []
+    level = last[:, None]  # the tokens of the nodes at depth d, [b, n_d]
+    tokens, q_parts = [level], []
     for d in range(depth_max):
-        if d > 0:
-            query = tree_lib.TreeQuery(shape, shape.nodes_at(d))
-            frontier_logits, cache = draft_step(tokens[-1], start, cache, tree=query)
+        nodes, inner = shape.nodes_at(d), shape.inner_at(d)
+        if d > 0:  # feed the nodes at depth d that have children
+            query = tree_lib.TreeQuery(shape, inner)
+            fed = level[:, np.asarray([nodes.index(i) for i in inner])]
+            frontier_logits, cache = draft_step(fed, start, cache, tree=query)
+        k = shape.max_children(d)
         children, q_d = propose_children(
-            frontier_logits, shape.branching[d], rule, greedy, adjust, depth_rngs[d]
-        )
-        tokens.append(children.reshape(batch, -1))  # [b, n_d, k] -> [b, n_{d+1}]
+            frontier_logits, k, rule, greedy, adjust, depth_rngs[d]
+        )  # [b, len(inner), k]
+        # Node j at depth d + 1 is child `rank[j]` of its parent, the `inner.index(parent)`-th.
+        below = shape.nodes_at(d + 1)
+        pick = [inner.index(int(shape.parent[j])) * k + int(shape.rank[j]) for j in below]
+        level = children.reshape(batch, -1)[:, np.asarray(pick)]  # [b, n_{d+1}]
+        tokens.append(level)
         q_parts.append(q_d)
     q = None if greedy else jnp.concatenate(q_parts, axis=1)  # [b, num_inner, V]
     return jnp.concatenate(tokens, axis=1), q, cache  # [b, K] breadth first
@@ -193,8 +202,8 @@ def verify_tree(
       rule: one of `tree_lib.TREE_RULES` (ignored in argmax mode).
       target_argmax: int32 [batch, K] the target's argmax after each node (argmax mode).
       p: float32 [batch, K, vocab] adjusted target distributions after each node (sampling).
-      q: float32 [batch, num_inner, vocab] adjusted draft distributions at the inner nodes, the
-        ones the children were drawn from (sampling).
+      q: float32 [batch, num_inner, vocab] adjusted draft distributions at the nodes with
+        children (`shape.inner` order), the ones the children were drawn from (sampling).
       rng: PRNG key (sampling): one uniform per depth and rank, and one for the extra token.
 
     Returns:
@@ -203,8 +212,10 @@ def verify_tree(
     greedy = target_argmax is not None
     batch = tokens.shape[0]
     rows = jnp.arange(batch)
-    depth_max, k_max = shape.max_depth, max(shape.branching)
+    depth_max, k_max = shape.max_depth, shape.max_children()
     first_child = jnp.asarray(shape.first_child)
+    num_children = jnp.asarray(shape.num_children)
+    inner_index = jnp.asarray(shape.inner_index)
     if not greedy:
         u = jax.random.uniform(rng, (batch, depth_max * k_max + 1))
     cur = jnp.zeros((batch,), jnp.int32)
@@ -214,8 +225,8 @@ def verify_tree(
     r_final = None if greedy else jnp.zeros_like(p[:, 0])
     depth_tested, rank_tested, rank_accepted, betas = [], [], [], []
     for d in range(1, depth_max + 1):
-        k = shape.branching[d - 1]
-        first = first_child[cur]  # [b]
+        k = shape.max_children(d - 1)
+        first, n_children = first_child[cur], num_children[cur]  # [b] each
         found = jnp.zeros((batch,), bool)
         chosen = cur
         tested_i, accepted_i = [], []
@@ -224,7 +235,7 @@ def verify_tree(
             betas.append((tokens[rows, first] == t).astype(jnp.float32))  # one-hot p and q
             for i in range(k):
                 c = first + i
-                testing = alive & ~found & valid[rows, c]
+                testing = alive & ~found & (i < n_children) & valid[rows, c]
                 ok = testing & (tokens[rows, c] == t)
                 chosen = jnp.where(ok, c, chosen)
                 found |= ok
@@ -233,14 +244,14 @@ def verify_tree(
             extra = jnp.where(alive & ~found, t, extra)
         else:
             r = p[rows, cur]  # [b, V]
-            q_node = q[rows, cur]  # [b, V]
+            q_node = q[rows, inner_index[cur]]  # [b, V] (a leaf's is unused)
             betas.append(jnp.sum(jnp.minimum(r, q_node), axis=-1))
             q_i = q_node
             for i in range(k):
                 c = first + i
                 x = tokens[rows, c]
                 q_x = jnp.ones((batch,)) if rule == "topk" else q_i[rows, x]
-                testing = alive & ~found & valid[rows, c] & (q_x > 0)
+                testing = alive & ~found & (i < n_children) & valid[rows, c] & (q_x > 0)
                 ok = testing & (u[:, (d - 1) * k_max + i] * q_x < r[rows, x])
                 rejected = testing & ~ok
                 if rule == "topk":
@@ -375,7 +386,8 @@ def tree_iteration(
         them max_decode_len + K - 1 slots to keep every tree whole).
       target_tokens_to_logits, draft_tokens_to_logits: `tree_lib.TreeStep`s.
       eos_id: end-of-sequence id.
-      tree: per-depth branching factors (e.g. (3, 2, 1)) or a `tree_lib.TreeShape`.
+      tree: per-depth branching factors (e.g. (3, 2, 1)), child-rank paths (e.g. ((0,), (1,),
+        (0, 0))) or a `tree_lib.TreeShape`.
       tree_rule: acceptance rule at T > 0, one of `tree_lib.TREE_RULES`.
       decode_rng, temperature, topk, topp, max_decode_steps: as `speculative.speculative_sample`.
 
@@ -412,7 +424,8 @@ def tree_iteration(
     greedy = sampling.is_greedy(temperature)
     if decode_rng is None:
         decode_rng = jax.random.PRNGKey(0)
-    depth_max, k_max, num_nodes = shape.max_depth, max(shape.branching), shape.num_nodes
+    depth_max, k_max, num_nodes = shape.max_depth, shape.max_children(), shape.num_nodes
+    has_children = jnp.asarray(shape.num_children > 0)
     all_nodes = tree_lib.TreeQuery(shape, tuple(range(num_nodes)))
     cache_slots = min(
         target_tokens_to_logits.cache_slots(target_cache),
@@ -551,7 +564,7 @@ def tree_iteration(
         return _LoopState(
             buffer=buffer,
             length=new_length,
-            draft_behind=active & (a == depth_max),
+            draft_behind=active & ~has_children[verdict.path[rows, a]],  # path end not fed
             done=state.done | ended,
             target_cache=tc,
             draft_cache=dc,

@@ -112,6 +112,55 @@ def test_shape_layout():
     assert shape.ancestors[7].tolist() == [True, False, True] + [False] * 4 + [True, False]
 
 
+# Any tree by its nodes' child-rank paths: leaves at depths 1 and 2 beside a path to depth 3.
+IRREGULAR = ((0,), (1,), (2,), (0, 0), (0, 1), (0, 0, 0))
+
+
+def test_paths_give_the_branching_layout_and_any_tree():
+    regular = tree.TreeShape((2, 3))
+    same = tree.parse_tree([list(p) for p in regular.node_paths[1:]][::-1])  # any order
+    for field in ("depth", "parent", "rank", "first_child", "num_children", "offsets"):
+        np.testing.assert_array_equal(getattr(same, field), getattr(regular, field))
+    assert regular.name == "tree(2,3)" and same.name == "tree[0,1,00,01,02,10,11,12]"
+    shape = tree.parse_tree(IRREGULAR)  # nodes 0 | 1 2 3 | 4 5 (of 1) | 6 (of 4)
+    assert shape.num_nodes == 7 and shape.max_depth == 3 and shape.name == "tree[0,1,2,00,01,000]"
+    np.testing.assert_array_equal(shape.parent, [-1, 0, 0, 0, 1, 1, 4])
+    np.testing.assert_array_equal(shape.num_children, [3, 2, 0, 0, 1, 0, 0])
+    np.testing.assert_array_equal(shape.first_child[[0, 1, 4]], [1, 4, 6])
+    assert shape.inner == (0, 1, 4) and shape.inner_at(1) == (1,) and shape.inner_at(2) == (4,)
+    assert [shape.max_children(d) for d in range(4)] == [3, 2, 1, 0] and shape.max_children() == 3
+    assert shape.ancestors[6].tolist() == [True, True, False, False, True, False, True]
+
+
+@pytest.mark.parametrize(
+    "paths, match",
+    [
+        (((0,), (0, 1)), r"path \(0, 1\) needs \(0, 0\)"),  # a lower-ranked sibling missing
+        (((0,), (1, 0)), r"path \(1, 0\) needs \(1,\)"),  # the parent missing
+        (((0,), (0,)), "must not repeat"),
+        (((0,), (-1,)), "ints >= 0"),
+        ((), "non-empty tuple"),
+    ],
+)
+def test_bad_tree_paths_raise(paths, match):
+    with pytest.raises(ValueError, match=match):
+        tree.TreeShape(paths=paths)
+    with pytest.raises(ValueError, match="per-depth branching factors.*or the child-rank paths"):
+        tree.TreeShape((2,), paths=((0,),))
+
+
+def test_optimal_paths_adds_the_most_counted_node_that_keeps_a_tree():
+    counts = {(0,): 50, (1,): 20, (2,): 4, (0, 0): 30, (0, 1): 6, (1, 0): 12, (0, 0, 0): 18}
+    assert tree.optimal_paths(counts, 4) == ((0,), (1,), (0, 0))
+    assert tree.optimal_paths(counts, 6) == ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))
+    assert len(tree.optimal_paths(counts, 50)) == len(counts)  # all of them, still a tree
+    # A second choice counted more often than the first still needs the first in the tree.
+    assert tree.optimal_paths({(0,): 3, (1,): 10}, 2) == ((0,),)
+    tree.TreeShape(paths=tree.optimal_paths({(1,): 9, (0,): 1, (1, 0): 8, (0, 1): 7}, 5))
+    with pytest.raises(ValueError, match="num_nodes must be an int >= 2"):
+        tree.optimal_paths(counts, 1)
+
+
 def test_attention_inputs_of_a_chain_are_the_causal_call():
     chain = tree.TreeShape((1, 1, 1))
     start = jnp.array([0, 2, 5])
@@ -185,13 +234,18 @@ DISTRIBUTION_CASES = [
     (rule, TREES[(r + s) % len(TREES)], *setting)
     for r, rule in enumerate(tree.TREE_RULES)
     for s, setting in enumerate(SETTINGS)
+] + [  # a tree given by paths, leaves above the deepest level, once per rule
+    (rule, IRREGULAR, *setting)
+    for rule, setting in zip(
+        tree.TREE_RULES, [(1.0, 3, 0.0), (0.5, 0, 0.0), (1.0, 0, 0.0)], strict=True
+    )
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rule, shape, temperature, topk, topp", DISTRIBUTION_CASES)
 def test_sampling_distribution_is_the_targets(rule, shape, temperature, topk, topp):
-    p, q = random_tables(seed=len(shape) + shape[0])
+    p, q = random_tables(seed=len(shape) + tree.parse_tree(shape).max_children(0))
     decodes, st = run_toy(
         p, q, 20000, shape, seed=11, temperature=temperature, topk=topk, topp=topp, tree_rule=rule
     )
@@ -382,7 +436,7 @@ def greedy_toy_decode(table, inputs):
     return out
 
 
-GREEDY_SHAPES = [(1, 1, 1), (2, 2), (3, 1, 1), (2, 2, 2), (1, 3, 2)]
+GREEDY_SHAPES = [(1, 1, 1), (2, 2), (3, 1, 1), (2, 2, 2), (1, 3, 2), IRREGULAR]
 
 
 @pytest.mark.parametrize("shape", GREEDY_SHAPES)
@@ -392,11 +446,25 @@ def test_argmax_mode_equals_greedy(shape):
     want = greedy_toy_decode(p, inputs)
     got, st = run_toy(p, q, 4, shape, inputs=inputs, temperature=0.0)
     np.testing.assert_array_equal(got, want)
-    if len(shape) == 3:  # trees cut at the cache end (max_len slots only): the same tokens
+    if tree.parse_tree(shape).max_depth == 3:  # trees cut at the cache end: the same tokens
         got, _ = run_toy(p, q, 4, shape, inputs=inputs, extra_slots=0, temperature=0.0)
         np.testing.assert_array_equal(got, want)
-    if shape != (1, 1, 1) and shape[0] > 1:
+    if tree.parse_tree(shape).max_children(0) > 1:
         assert int(np.asarray(st.rank_accepted)[..., 1:].sum()) > 0  # second children win too
+
+
+def test_a_path_ending_at_a_shallow_leaf_feeds_the_draft_next_time():
+    """The leaf (0,) has no children, so the draft never saw it: the next iteration must feed it
+    before its root. With draft = target every draft is then right (a stale draft cache would
+    propose from a wrong previous token)."""
+    p, _ = random_tables(seed=16, vocab=6, max_len=8)
+    p[..., EOS] -= 30.0  # no EOS: rows run to the limit, 3 iterations each
+    paths = ((0,), (1,), (1, 0))
+    got, st = run_toy(p, p, 3, paths, temperature=0.0)
+    np.testing.assert_array_equal(got, greedy_toy_decode(p, jnp.zeros((3, 8), jnp.int32)))
+    assert int(st.num_draft_tokens.min()) >= 3
+    np.testing.assert_array_equal(st.num_accepted, st.num_draft_tokens)
+    assert int(np.asarray(st.rank_accepted)[..., 1:].sum()) == 0  # the first choice, every time
 
 
 def test_eos_accepted_inside_the_tree_ends_the_row():
@@ -516,7 +584,7 @@ def greedy_and_tree_decodes(module, params, batch, draft, shapes):
 
 @pytest.mark.parametrize(
     "shapes_by_kernel",
-    [{"kernel": [(1, 1, 1), (2, 2), (3, 1, 1)], "no_kernel": [(2, 2, 2)]}],
+    [{"kernel": [(1, 1, 1), (2, 2), (3, 1, 1), IRREGULAR], "no_kernel": [(2, 2, 2), IRREGULAR]}],
     ids=["shapes"],
 )
 def test_argmax_identity_with_a_t5_draft(t5_pair, kernel_env, shapes_by_kernel):
@@ -528,7 +596,7 @@ def test_argmax_identity_with_a_t5_draft(t5_pair, kernel_env, shapes_by_kernel):
         np.testing.assert_array_equal(got, want, err_msg=f"tree {shape}")
         alpha = int(st.num_accepted.sum()) / int(st.num_draft_tokens.sum())
         assert 0 < alpha < 1, shape  # acceptance and rejection both happen
-        if max(shape) > 1:
+        if tree.parse_tree(shape).max_children() > 1:
             assert int(np.asarray(st.rank_accepted)[..., 1:].sum()) > 0  # a second child won
 
 

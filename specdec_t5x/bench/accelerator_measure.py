@@ -197,8 +197,8 @@ def cost_model_gamma(
 
 
 def tree_name(shape: Sequence[int]) -> str:
-    """A tree row's name, e.g. 'tree(2,2,2,1)' (the eval job's tree row names)."""
-    return "tree(" + ",".join(str(int(b)) for b in shape) + ")"
+    """A tree row's name, e.g. 'tree(2,2,2,1)' (the eval job's tree row names, `tree.tree_name`)."""
+    return tree_lib.tree_name(shape)
 
 
 def _stats_summary(stats: list[Any]) -> dict[str, float]:
@@ -377,7 +377,7 @@ def end_to_end(target, draft, tokens, s, costs, budget) -> dict[str, Any]:
         budget.log(f"(b) T={temperature:g} pilot γ={s['pilot_gamma']} -> cost-model γ={gamma}")
         # The cost-model γ always; then the trees (what an accelerator is for), then the sweep.
         extra = [gamma] if gamma != s["pilot_gamma"] else []
-        extra += [shape.branching for shape in trees]
+        extra += [shape.spec for shape in trees]
         if temperature == 0.0:
             extra += [g for g in s["gamma_sweep"] if g not in (gamma, s["pilot_gamma"])]
         per_run = max(budget.phases["_e2e_run_s"], 1.0)

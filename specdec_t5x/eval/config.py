@@ -67,7 +67,8 @@ class SpeculationConfig:
       auto_gamma_max: largest γ auto considers.
       draft_name: label of the draft in tables.
       trees: extra rows with token trees, each its per-depth branching factors (e.g.
-        [(2, 2), (3, 2, 1)]; `tree.parse_tree`), verified in one target call per iteration.
+        [(2, 2), (3, 2, 1)]) or its nodes' child-rank paths (e.g. ((0,), (1,), (0, 0)));
+        `tree.parse_tree`), verified in one target call per iteration.
       tree_rule: the trees' acceptance rule at T > 0 (`tree.TREE_RULES`).
       auto_trees: auto also chooses among `trees` (`auto_trees.TreeChooser`: a tree runs when
         its measured speed-up beats the chains'); False: chains and off only. Needs `trees`.
@@ -77,7 +78,7 @@ class SpeculationConfig:
     gammas: Sequence[int | str] | None = None
     auto_gamma_max: int = 6
     draft_name: str = "draft"
-    trees: Sequence[Sequence[int]] | None = None
+    trees: Sequence[Sequence] | None = None
     tree_rule: str = "without_replacement"
     auto_trees: bool = False
 
@@ -99,7 +100,7 @@ class SpeculationConfig:
 
         for shape in self.trees or ():
             try:
-                tree.parse_tree(tuple(shape))
+                tree.parse_tree(shape)
             except (TypeError, ValueError) as err:
                 raise ValueError(f"TREES: bad tree {shape!r}: {err}") from None
         _check_bool(self.auto_trees, "auto_trees", "AUTO_TREES")
@@ -117,9 +118,11 @@ class SpeculationConfig:
         return "auto" in [self.gamma, *(self.gammas or ())]
 
     @property
-    def tree_rows(self) -> dict[str, tuple[int, ...]]:
-        """{row name, e.g. 'tree(3,2,1)': branching factors} of the tree rows."""
-        return {f"tree({','.join(map(str, s))})": tuple(s) for s in self.trees or ()}
+    def tree_rows(self) -> dict[str, tuple]:
+        """{row name, e.g. 'tree(3,2,1)' or 'tree[0,1,00]': the tree (`tree.TreeShape.spec`)}."""
+        from specdec_t5x import tree  # local: imports the network
+
+        return {tree.tree_name(s): tree.parse_tree(s).spec for s in self.trees or ()}
 
     @property
     def fixed_gammas(self) -> list[int]:
