@@ -4,6 +4,7 @@
   python scripts/repeat_rows.py paper_regime --out results/paper_regime       # widened targets
   python scripts/repeat_rows.py paper_regime --rows ende_base_t0 --repeats 3 --gin.NUM_EXAMPLES=20
   python scripts/repeat_rows.py correction --out results/correction                # copy drafts
+  python scripts/repeat_rows.py optimal_trees --out results/trees/optimal     # measured trees
 
 Round r runs every row once, in an order shuffled with seed r (the VM drifts 10-25 % within an
 hour: interleaving spreads the drift over the rows). Each run is `python -m specdec_t5x.eval` into
@@ -20,6 +21,17 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 T0, T1 = "gin/experiments/embedded_ende_model_t0.gin", "gin/experiments/embedded_ende_model_t1.gin"
+# The tree of k nodes that accepts the most at T = 0 on 200 DDTP En→De validation sentences
+# (`tree.optimal_paths`; results/trees/ceiling/ceiling_ende_validation_t0_base.md), k = 4 limited
+# to depth 2.
+OPTIMAL = {
+    4: "((0,), (1,), (0, 0))",
+    5: "((0,), (1,), (0, 0), (0, 0, 0))",
+    6: "((0,), (1,), (0, 0), (0, 0, 0), (0, 0, 0, 0))",
+    7: "((0,), (1,), (0, 0), (1, 0), (0, 0, 0), (0, 0, 0, 0))",
+    8: "((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0))",
+    9: "((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0))",
+}
 ROW_SETS = {
     "demo": {"embedded_t0": [T0], "embedded_t1": [T1]},
     "paper_regime": {  # the shipped En→De pair with the target widened at load (TARGET_SHAPE)
@@ -74,6 +86,28 @@ ROW_SETS = {
             "--gin.TREES=[(2, 1), (2, 2), (2, 1, 1)]",
             "--gin.AUTO_TREES=True",
         ],
+    },
+    "optimal_trees": {  # trees chosen by tree_ceiling.py on the validation split, beside chains
+        **{
+            f"trees_opt_base_t{t}": [
+                T0 if t == 0 else T1,
+                "--gin.TARGET_SHAPE='base'",
+                "--gin.NUM_EXAMPLES=20",
+                "--gin.GAMMA=5",
+                "--gin.GAMMAS=[3, 4]",
+                f"--gin.TREES=[(2, 1, 1, 1), {', '.join(OPTIMAL[k] for k in (5, 6, 7, 8, 9))}]",
+            ]
+            for t in (0, 1)
+        },
+        **{
+            f"trees_opt_embedded_t{t}": [
+                T0 if t == 0 else T1,
+                "--gin.GAMMA=2",
+                "--gin.GAMMAS=[1, 3]",
+                f"--gin.TREES=[(2, 1), {', '.join(OPTIMAL[k] for k in (4, 5, 6))}]",
+            ]
+            for t in (0, 1)
+        },
     },
     "sum_paper_regime": {  # summarization, target widened: the draft with its own encoder
         f"sum_{shape}_t{t}": [
