@@ -411,6 +411,9 @@ class TreeStats:
       depth_accepted: int32 [batch, D] ... and accepted one (acceptance per depth = ratio).
       rank_tested: int32 [batch, D, k_max] tests of the child of rank i at depth d + 1.
       rank_accepted: int32 [batch, D, k_max] ... that accepted it (acceptance per rank = ratio).
+      node_accepted: int32 [batch, K] iterations whose accepted path passed node i (the root:
+        every iteration), counted as depth_accepted is: per child-rank path, what
+        `optimal_paths` takes to choose a smaller tree from a run with a larger one.
     """
 
     num_iterations: Array
@@ -425,3 +428,4 @@ class TreeStats:
     depth_accepted: Array
     rank_tested: Array
     rank_accepted: Array
+    node_accepted: Array

@@ -466,6 +466,7 @@ def tree_iteration(
             depth_accepted=zeros(depth_max),
             rank_tested=zeros(depth_max, k_max),
             rank_accepted=zeros(depth_max, k_max),
+            node_accepted=zeros(num_nodes),
         ),
     )
     adjust = lambda logits: sampling.adjust_logits(logits, temperature, topk, topp)
@@ -560,6 +561,9 @@ def tree_iteration(
             depth_accepted=s.depth_accepted + accepted,
             rank_tested=s.rank_tested + (verdict.rank_tested & counted[..., None]),
             rank_accepted=s.rank_accepted + (verdict.rank_accepted & counted[..., None]),
+            node_accepted=s.node_accepted.at[rows[:, None], verdict.path].add(
+                jnp.concatenate([active[:, None], accepted], axis=1).astype(jnp.int32)
+            ),
         )
         return _LoopState(
             buffer=buffer,

@@ -217,6 +217,7 @@ def test_summarise_auto_names_the_trees_and_takes_alpha_from_chains_only():
         depth_accepted=np.array([[2, 2]]),
         rank_tested=np.array([[[2, 0], [2, 0]]]),
         rank_accepted=np.array([[[2, 0], [2, 0]]]),
+        node_accepted=np.array([[2, 2, 0, 2, 0, 0, 0]]),
     )
     row = auto_gamma.summarise_auto(
         [1.0] * 4,

@@ -629,6 +629,13 @@ def test_tree_rows_beside_the_chain(tiny_pair, data_dir, tmp_path, temperature):
     )  # fmt: skip
     row = metrics["tree_sweep"]["tree(2,2)"]
     assert row["tokens_per_iteration"] >= 1.0 and len(row["depth_acceptance"]) == 2
+    nodes = row["node_accepted"]  # root, then per child-rank path; a parent passes its children's
+    assert list(nodes)[:3] == ["root", "0", "1"] and nodes["root"] == row["target_calls"]
+    assert nodes["0"] >= nodes["0.0"] + nodes["0.1"] and nodes["1"] >= nodes["1.0"] + nodes["1.1"]
+    assert sum(nodes.values()) - nodes["root"] == sum(
+        d * n for d, n in enumerate(row["accept_histogram"])
+    )
+    assert set(row["subtrees"]) == {2, 3, 4, 5, 6} and row["subtrees"][6].startswith("tree[0,")
     assert len(row["rank_acceptance"]) == 2 and len(row["accept_histogram"]) == 3
     if temperature == 0.0:
         assert row["identical_fraction"] == 1.0  # greedy's tokens

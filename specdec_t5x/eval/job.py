@@ -192,7 +192,7 @@ def evaluate(
                 )
                 if speculation.trees:
                     flat["tree_sweep"] = summary.tree_rows(
-                        runs, list(speculation.tree_rows), gammas[0] if gamma == "auto" else gamma
+                        runs, speculation.tree_rows, gammas[0] if gamma == "auto" else gamma
                     )
                 if speculation.auto:
                     quality_args = (seqio_task, vocabulary, examples, eos_id)

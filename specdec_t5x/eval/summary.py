@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -235,19 +235,27 @@ def summarise(
     }
 
 
-def tree_rows(runs, names: Sequence[str], headline) -> dict[str, dict[str, Any]]:
+def tree_rows(runs, trees: Mapping[str, Any], headline) -> dict[str, dict[str, Any]]:
     """The tree rows of the sweep: speed, tokens per target call, acceptance per depth and rank.
 
     Args:
-      runs: the job's {'baseline' | γ | tree name: Run}; names: the tree rows' names;
-      headline: the headline γ (its tokens per target call is the chain's to beat).
+      runs: the job's {'baseline' | γ | tree name: Run}; trees: {tree row name: its shape}
+      (`eval.config.SpeculationConfig.tree_rows`); headline: the headline γ (its tokens per
+      target call is the chain's to beat).
 
     Returns:
       {name: {'speedup', 'speedup_vs_t5x_sampler' (T > 0), 'tokens_per_iteration', 'alpha_beta'
       (Corollary 3.6 over the tested depths' nodes), 'depth_acceptance' [D], 'rank_acceptance'
       [k_max] (accepted / tested over the run), 'accept_histogram' [D + 1], 'target_calls',
-      'identical_fraction', 'tokens_per_call_over_chain'}}.
+      'identical_fraction', 'tokens_per_call_over_chain', 'node_accepted' {node's child-rank
+      path '0.1' or 'root': iterations whose accepted path passed it}, 'subtrees' {k: the name of
+      the tree of
+      k nodes within this one whose nodes were accepted most (`tree.optimal_paths` on
+      node_accepted; at T = 0 exactly the k-node subtree that would have accepted the most on
+      these iterations)}}}.
     """
+    from specdec_t5x import tree as tree_lib  # local: imports the network
+
     base = runs["baseline"]
     chain = runs[headline]
 
@@ -256,8 +264,9 @@ def tree_rows(runs, names: Sequence[str], headline) -> dict[str, dict[str, Any]]
 
     chain_tpc = float(total(chain, "num_generated") / max(total(chain, "num_iterations"), 1))
     out = {}
-    for name in names:
+    for name, spec in trees.items():
         run = runs[name]
+        shape = tree_lib.parse_tree(spec)
         seconds = float(np.sum(run.seconds))
         generated, calls = total(run, "num_generated"), total(run, "num_iterations")
         ratio = lambda a, b: (a / np.maximum(b, 1)).tolist()  # noqa: E731
@@ -280,6 +289,14 @@ def tree_rows(runs, names: Sequence[str], headline) -> dict[str, dict[str, Any]]
             ),
         }
         row["tokens_per_call_over_chain"] = row["tokens_per_iteration"] / chain_tpc
+        per_node = np.reshape(total(run, "node_accepted"), (-1, shape.num_nodes)).sum(0)
+        counts = dict(zip(shape.node_paths, per_node.tolist(), strict=True))
+        row["node_accepted"] = {".".join(map(str, p)) or "root": c for p, c in counts.items()}
+        row["subtrees"] = {
+            k: tree_lib.tree_name(tree_lib.optimal_paths(counts, k))
+            for k in range(2, shape.num_nodes)
+            if any(counts[p] for p in shape.node_paths[1:])
+        }
         if "baseline_t5x" in runs:
             row["speedup_vs_t5x_sampler"] = float(np.sum(runs["baseline_t5x"].seconds)) / seconds
         out[name] = row
