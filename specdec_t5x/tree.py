@@ -107,6 +107,10 @@ class TreeShape:
                         f"tree path {p} needs {need} in the tree too (every node's parent and "
                         f"lower-ranked siblings); got paths={paths!r}."
                     )
+        canonical = tuple(
+            sorted((tuple(int(r) for r in p) for p in paths), key=lambda p: (len(p), p))
+        )
+        object.__setattr__(self, "paths", canonical)  # equal trees compare (and hash) equal
 
     @functools.cached_property
     def node_paths(self) -> tuple[tuple[int, ...], ...]:
@@ -117,7 +121,7 @@ class TreeShape:
                 level = [p + (i,) for p in level for i in range(b)]
                 paths += level
             return tuple(paths)
-        return ((),) + tuple(sorted(self.paths, key=lambda p: (len(p), p)))
+        return ((),) + self.paths
 
     @property
     def spec(self) -> tuple:
@@ -126,12 +130,14 @@ class TreeShape:
 
     @property
     def name(self) -> str:
-        """The tree's row name: 'tree(3,2,1)' for branching factors, 'tree[0,1,00,000]' for paths
-        (each node's ranks as digits, ',' between nodes; ranks >= 10 in '.'-joined form)."""
+        """The tree's row name (`shape_from_name` reads it back): 'tree(3,2,1)' for branching
+        factors, 'tree[0,1,00,000]' for paths (each node's ranks as digits, ',' between nodes),
+        'tree{0,10,0.1}' for paths with a rank >= 10 (ranks joined by '.')."""
         if self.paths is None:
             return "tree(" + ",".join(str(int(b)) for b in self.branching) + ")"
-        sep = "" if all(r < 10 for p in self.paths for r in p) else "."
-        return "tree[" + ",".join(sep.join(map(str, p)) for p in self.node_paths[1:]) + "]"
+        if all(r < 10 for p in self.paths for r in p):
+            return "tree[" + ",".join("".join(map(str, p)) for p in self.node_paths[1:]) + "]"
+        return "tree{" + ",".join(".".join(map(str, p)) for p in self.node_paths[1:]) + "}"
 
     @property
     def max_depth(self) -> int:
@@ -225,6 +231,28 @@ def parse_tree(tree) -> TreeShape:
     if isinstance(tree, list | tuple):
         tree = tuple(tree)
     return TreeShape(tree)
+
+
+def shape_from_name(name: str) -> TreeShape:
+    """The `TreeShape` of a row name written by `TreeShape.name` ('tree(3,2,1)', 'tree[0,1,00]',
+    'tree{0,10,0.1}').
+
+    Raises:
+      ValueError: a name of none of those forms, or of a bad tree.
+    """
+    body = name[5:-1] if isinstance(name, str) and len(name) > 6 else ""
+    try:
+        if name.startswith("tree(") and name.endswith(")"):
+            return TreeShape(tuple(int(b) for b in body.split(",")))
+        if name.startswith("tree[") and name.endswith("]"):
+            return TreeShape(paths=tuple(tuple(int(r) for r in p) for p in body.split(",")))
+        if name.startswith("tree{") and name.endswith("}"):
+            return TreeShape(paths=tuple(tuple(map(int, p.split("."))) for p in body.split(",")))
+    except (ValueError, AttributeError):
+        pass
+    raise ValueError(
+        f"a tree row name is 'tree(3,2,1)', 'tree[0,1,00]' or 'tree{{0,10,0.1}}'; got {name!r}."
+    )
 
 
 def tree_name(tree) -> str:

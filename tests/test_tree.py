@@ -130,6 +130,13 @@ def test_paths_give_the_branching_layout_and_any_tree():
     assert shape.inner == (0, 1, 4) and shape.inner_at(1) == (1,) and shape.inner_at(2) == (4,)
     assert [shape.max_children(d) for d in range(4)] == [3, 2, 1, 0] and shape.max_children() == 3
     assert shape.ancestors[6].tolist() == [True, True, False, False, True, False, True]
+    wide = tree.TreeShape(paths=tuple((r,) for r in range(11)) + ((10, 0),))
+    assert wide.name == "tree{0,1,2,3,4,5,6,7,8,9,10,10.0}"
+    for s in (regular, shape, wide):
+        assert tree.shape_from_name(s.name) == tree.parse_tree(s.spec)
+    for bad in ("tree(2,x)", "tree[0,00", "chain[0]", "tree[0,01]"):
+        with pytest.raises(ValueError, match="a tree row name is"):
+            tree.shape_from_name(bad)
 
 
 @pytest.mark.parametrize(

@@ -477,7 +477,7 @@ def _sweep_entries(m: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for g, row in (m.get("gamma_sweep") or {}).items():
         out[f"γ = {g}"] = {**row, "rows": int(g) + 1, "chain": True}
     for name, row in (m.get("tree_sweep") or {}).items():
-        shape = tree.parse_tree(tuple(int(b) for b in name[5:-1].split(",")))
+        shape = tree.shape_from_name(name)
         out[name] = {**row, "rows": shape.num_nodes, "chain": False}
     auto = auto_row_record(m)
     if auto is not None:
