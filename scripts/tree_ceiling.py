@@ -58,7 +58,8 @@ def greedy_ranks(experiment: str, num_examples: int, split: str | None = None):
 
     Returns:
       ranks int32 [n, max_decode_len] (MAX_RANK where the token is not among the draft's top
-      MAX_RANK), lengths int32 [n] (tokens up to and including EOS), and a description dict.
+      MAX_RANK), lengths int32 [n] (tokens up to and including EOS), top1 float32 [n,
+      max_decode_len] (the draft's probability of its first choice there) and a description dict.
 
     Raises:
       ValueError: an experiment whose draft is not a T5 draft (no DRAFT_MODEL macro).
@@ -106,6 +107,7 @@ def greedy_ranks(experiment: str, num_examples: int, split: str | None = None):
     top = np.argsort(-logits, axis=-1, kind="stable")[..., :MAX_RANK]  # [n, L, R]
     hit = top == out[..., None]
     ranks = np.where(hit.any(-1), hit.argmax(-1), MAX_RANK).astype(np.int32)
+    top1 = np.asarray(jax.nn.softmax(jnp.asarray(logits), axis=-1).max(-1), np.float32)
     eos = model.eos_id
     lengths = np.asarray(
         [int(np.argmax(row == eos)) + 1 if (row == eos).any() else len(row) for row in out]
@@ -118,7 +120,7 @@ def greedy_ranks(experiment: str, num_examples: int, split: str | None = None):
         "draft": str(query("DRAFT_NAME")),
         "target_tokens": int(lengths.sum()),
     }
-    return ranks, lengths, about
+    return ranks, lengths, top1, about
 
 
 def accepted_depth(ranks_row, start: int, length: int, paths: set, depth: int) -> int:
@@ -175,6 +177,26 @@ def branchings(num_nodes: int, max_depth: int):
             yield from grow([*prefix, b], width * b, used + width * b)
 
     yield from grow([], 1, 1)
+
+
+CONFIDENCE_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.95, 1.0)
+
+
+def by_confidence(ranks, top1) -> list[dict[str, float]]:
+    """How often the draft's first, second and later choices are the target's token, by the
+    draft's probability of its first choice (ranks int32 [n], top1 float32 [n], flat)."""
+    out = []
+    for lo, hi in zip(CONFIDENCE_BINS[:-1], CONFIDENCE_BINS[1:], strict=True):
+        m = (top1 >= lo) & ((top1 < hi) | (hi == CONFIDENCE_BINS[-1]))
+        r = ranks[m]
+        if not r.size:
+            continue
+        out.append(
+            {"q_top1": [lo, hi], "tokens": int(m.sum()), "share": float(m.mean()),
+             "first": float(np.mean(r == 0)), "second": float(np.mean(r == 1)),
+             "later_or_none": float(np.mean(r >= 2))}
+        )  # fmt: skip
+    return out
 
 
 def load_tk(path: str) -> dict[int, float]:
@@ -278,6 +300,19 @@ def markdown(result: dict) -> str:
         lines.append(line)
     if tk:
         lines += ["", f"T(k): `{result['tk']['path']}`."]
+    lines += [
+        "",
+        "Which choice of the draft is the target's token, by the draft's probability of its first "
+        "choice:",
+        "",
+        "| draft's q(first choice) | share of tokens | first | second | later or none |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {b['q_top1'][0]:.2f}–{b['q_top1'][1]:.2f} | {b['share']:.2f} | {b['first']:.2f} | "
+            f"{b['second']:.2f} | {b['later_or_none']:.2f} |"
+            for b in result["by_confidence"]
+        ),
+    ]
     lines += ["", *(f"- {note}" for note in provenance.markdown_lines(result))]
     return "\n".join(lines) + "\n"
 
@@ -296,15 +331,17 @@ def main(argv=None):
     if args.num_examples < 1 or args.max_rows < 2 or args.max_depth < 1:
         parser.error("--num_examples >= 1, --max_rows >= 2 and --max_depth >= 1 are needed.")
     tk = None if args.tk is None else load_tk(args.tk)
-    ranks, lengths, about = greedy_ranks(args.gin_file, args.num_examples, args.split)
+    ranks, lengths, top1, about = greedy_ranks(args.gin_file, args.num_examples, args.split)
     rows, counts = ceiling_rows(ranks, lengths, args.max_rows, args.max_depth, tk)
     flat = np.concatenate([r[:n] for r, n in zip(ranks, lengths, strict=True)])
+    conf = np.concatenate([c[:n] for c, n in zip(top1, lengths, strict=True)])
     result = {
         "about": about,
         "rank0": float(np.mean(flat == 0)),
         "rank1_given_miss": float(np.mean(flat[flat >= 1] == 1)),
         "rank2_given_miss": float(np.mean(flat[flat >= 2] == 2)),
         "rows": rows,
+        "by_confidence": by_confidence(flat, conf),
         "path_counts": {
             "".join(map(str, p)) if all(r < 10 for r in p) else ".".join(map(str, p)): c
             for p, c in counts.most_common(64)

@@ -64,3 +64,13 @@ def test_branchings_and_cost_curve():
     tk = {1: 10.0, 4: 13.0, 8: 21.0}
     assert tree_ceiling.cost(tk, 4) == 13.0 and tree_ceiling.cost(tk, 6) == 17.0
     assert tree_ceiling.cost(tk, 10) == 25.0  # past the last point: its slope
+
+
+def test_choices_by_draft_confidence():
+    ranks = np.asarray([0, 1, 3, 0, 0], np.int32)
+    top1 = np.asarray([0.1, 0.15, 0.3, 0.99, 1.0], np.float32)
+    rows = tree_ceiling.by_confidence(ranks, top1)
+    assert [r["q_top1"] for r in rows] == [[0.0, 0.2], [0.2, 0.4], [0.95, 1.0]]  # empty bins cut
+    assert rows[0] == {"q_top1": [0.0, 0.2], "tokens": 2, "share": 0.4, "first": 0.5,
+                       "second": 0.5, "later_or_none": 0.0}  # fmt: skip
+    assert rows[1]["later_or_none"] == 1.0 and rows[2]["tokens"] == 2 and rows[2]["first"] == 1.0
