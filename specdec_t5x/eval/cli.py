@@ -46,7 +46,7 @@ commonly overridden macros (gin/runs/eval.gin):
   INPUT_LEN        encoder length (64)             TARGET_LEN    max decode length (64)
   SPLIT            task split ('test')             SEED          sampling seed (0)
   LOOP_COSTS       c from the run's own calls (True)  DIAGNOSTICS  where the time goes (False)
-  TREES            token-tree rows, e.g. "[(2, 2), (3, 2, 1)]"   TREE_RULE  at T > 0
+  TREES            token-tree rows, e.g. "[(2, 2), ((0,), (1,), (0, 0))]"   TREE_RULE  at T > 0
 """
 
 QUICK_GIN = "gin/runs/quick.gin"
