@@ -3,6 +3,7 @@
   python scripts/tree_ceiling.py                       # shipped En→De pair, 100 test sentences
   python scripts/tree_ceiling.py --tk results/trees/profile/tk_base_t0.json   # + predicted speed
   python scripts/tree_ceiling.py --split validation    # choose trees on other sentences
+  python scripts/tree_ceiling.py --dynamic 4,4,6       # + trees chosen per iteration (EAGLE-2)
   python scripts/tree_ceiling.py --num_examples 5 --out /tmp/c                 # smoke
 
 In argmax mode an iteration accepts the longest path of its tree that the target's greedy
@@ -59,7 +60,10 @@ def greedy_ranks(experiment: str, num_examples: int, split: str | None = None):
     Returns:
       ranks int32 [n, max_decode_len] (MAX_RANK where the token is not among the draft's top
       MAX_RANK), lengths int32 [n] (tokens up to and including EOS), top1 float32 [n,
-      max_decode_len] (the draft's probability of its first choice there) and a description dict.
+      max_decode_len] (the draft's probability of its first choice there), a description dict
+      and `draft_log_probs(example, prefixes) -> float32 [len(prefixes), vocab]`: the draft's
+      log-probabilities (shortlist applied) of the token after each prefix (a list of decoded
+      tokens) of that example, for `dynamic_tokens_per_call`.
 
     Raises:
       ValueError: an experiment whose draft is not a T5 draft (no DRAFT_MODEL macro).
@@ -120,7 +124,28 @@ def greedy_ranks(experiment: str, num_examples: int, split: str | None = None):
         "draft": str(query("DRAFT_NAME")),
         "target_tokens": int(lengths.sum()),
     }
-    return ranks, lengths, top1, about
+    enc = batch["encoder_input_tokens"]
+    mask = jnp.where(jnp.asarray(allowed), 0.0, -jnp.inf)
+
+    @jax.jit
+    def last_log_probs(enc_row, dec_in, pos):  # dec_in int32 [m, L], pos int32 [m]
+        fed = {
+            "encoder_input_tokens": jnp.broadcast_to(enc_row, (dec_in.shape[0], enc_row.shape[0])),
+            "decoder_input_tokens": dec_in,
+            "decoder_target_tokens": (jnp.arange(max_len)[None] <= pos[:, None]).astype(jnp.int32),
+        }  # the target tokens only mark the positions that are not padding
+        logits = jnp.take_along_axis(draft.logits(built["dparams"], fed), pos[:, None, None], 1)
+        return jax.nn.log_softmax(logits[:, 0] + mask, axis=-1)
+
+    def draft_log_probs(example: int, prefixes) -> np.ndarray:
+        dec = np.zeros((len(prefixes), max_len), np.int32)
+        for i, prefix in enumerate(prefixes):
+            seq = [0, *prefix][:max_len]  # decoder inputs: the start token, then the tokens
+            dec[i, : len(seq)] = seq
+        pos = np.asarray([min(len(p), max_len - 1) for p in prefixes], np.int32)
+        return np.asarray(last_log_probs(enc[example], jnp.asarray(dec), jnp.asarray(pos)))
+
+    return ranks, lengths, top1, about, draft_log_probs, out
 
 
 def accepted_depth(ranks_row, start: int, length: int, paths: set, depth: int) -> int:
@@ -133,6 +158,59 @@ def accepted_depth(ranks_row, start: int, length: int, paths: set, depth: int) -
             break
         a += 1
     return a
+
+
+def dynamic_accepted(log_probs, target, start, length, rows, width, k, depth) -> int:
+    """Accepted depth of one iteration with a tree chosen per iteration (EAGLE-2, Li et al. 2024):
+    at each depth the `width` candidates of highest cumulative draft log-probability are
+    expanded, each into its draft's top `k`; the `rows - 1` candidates of highest cumulative
+    log-probability (an ancestor's is never lower) are verified beside the root.
+
+    Args:
+      log_probs: (paths) -> float [len(paths), vocab], the draft's log-probabilities after the
+        example's tokens before `start` followed by each path (a tuple of tokens).
+      target: int [length] the target's greedy tokens; start, length: as `accepted_depth`.
+    """
+    candidates, frontier = [], [(0.0, ())]
+    for _ in range(depth):
+        lp = log_probs([path for _, path in frontier])
+        grown = [
+            (value + float(lp[i, t]), (*path, int(t)))
+            for i, (value, path) in enumerate(frontier)
+            for t in np.argsort(-lp[i], kind="stable")[:k]
+        ]
+        candidates += grown
+        frontier = sorted(grown, key=lambda c: -c[0])[:width]
+    chosen = {path for _, path in sorted(candidates, key=lambda c: -c[0])[: rows - 1]}
+    a = 0
+    while (
+        a < depth
+        and start + a < length
+        and tuple(int(x) for x in target[start : start + a + 1]) in chosen
+    ):
+        a += 1
+    return a
+
+
+def dynamic_tokens_per_call(draft_log_probs, out, lengths, rows, width, k, depth) -> float:
+    """Tokens per target call of the decode loop with `dynamic_accepted`'s trees (argmax mode).
+
+    Args:
+      draft_log_probs: (example, prefixes) -> float [len(prefixes), vocab] (`greedy_ranks`).
+      out: int [n, max_decode_len] the target's greedy tokens; lengths: int [n].
+    """
+    calls = tokens = 0
+    for b, length in enumerate(lengths):
+        row, start = [int(x) for x in out[b]], 0
+        while start < length:
+
+            def log_probs(paths, b=b, row=row, s=start):
+                return draft_log_probs(b, [row[:s] + list(p) for p in paths])
+
+            a = dynamic_accepted(log_probs, row, start, length, rows, width, k, depth)
+            new = min(a + 1, length - start)
+            start, tokens, calls = start + new, tokens + new, calls + 1
+    return tokens / calls
 
 
 def tokens_per_call(ranks, lengths, shape: tree_lib.TreeShape) -> float:
@@ -300,6 +378,22 @@ def markdown(result: dict) -> str:
         lines.append(line)
     if tk:
         lines += ["", f"T(k): `{result['tk']['path']}`."]
+    if result.get("dynamic"):
+        dyn = result["dynamic"]
+        by_rows = {r["rows"]: r for r in rows}
+        lines += [
+            "",
+            f"Trees chosen per iteration (EAGLE-2: expand the {dyn['width']} candidates of highest "
+            f"cumulative draft log-probability per depth into their top {dyn['k']}, to depth "
+            f"{dyn['depth']}; verify the k - 1 best): tokens per target call",
+            "",
+            "| rows k | chosen per iteration | optimal tree of k (above) |",
+            "|---|---|---|",
+            *(
+                f"| {n} | {t:.2f} | {f(by_rows[int(n)]['optimal_tokens']) if int(n) in by_rows else '–'} |"
+                for n, t in dyn["tokens_per_call"].items()
+            ),
+        ]
     lines += [
         "",
         "Which choice of the draft is the target's token, by the draft's probability of its first "
@@ -325,14 +419,35 @@ def main(argv=None):
     parser.add_argument("--max_rows", type=int, default=16, help="largest row budget k")
     parser.add_argument("--max_depth", type=int, default=8, help="deepest tree considered")
     parser.add_argument("--tk", default=None, help="profile_tree JSON with verify/tree N=n rows")
+    parser.add_argument(
+        "--dynamic",
+        default=None,
+        help="also trees chosen per iteration (EAGLE-2): WIDTH,K,DEPTH, e.g. 4,4,6 (slow: one "
+        "draft pass per depth and iteration)",
+    )
+    parser.add_argument("--dynamic_rows", default="6,9,12", help="row budgets of --dynamic")
     parser.add_argument("--out", default="results/trees/ceiling")
     parser.add_argument("--name", default="ceiling_ende_t0")
     args = parser.parse_args(argv)
     if args.num_examples < 1 or args.max_rows < 2 or args.max_depth < 1:
         parser.error("--num_examples >= 1, --max_rows >= 2 and --max_depth >= 1 are needed.")
     tk = None if args.tk is None else load_tk(args.tk)
-    ranks, lengths, top1, about = greedy_ranks(args.gin_file, args.num_examples, args.split)
+    ranks, lengths, top1, about, draft_log_probs, out = greedy_ranks(
+        args.gin_file, args.num_examples, args.split
+    )
     rows, counts = ceiling_rows(ranks, lengths, args.max_rows, args.max_depth, tk)
+    dynamic = None
+    if args.dynamic:
+        width, k, depth = (int(x) for x in args.dynamic.split(","))
+        dynamic = {
+            "width": width,
+            "k": k,
+            "depth": depth,
+            "tokens_per_call": {
+                n: dynamic_tokens_per_call(draft_log_probs, out, lengths, n, width, k, depth)
+                for n in (int(x) for x in args.dynamic_rows.split(","))
+            },
+        }
     flat = np.concatenate([r[:n] for r, n in zip(ranks, lengths, strict=True)])
     conf = np.concatenate([c[:n] for c, n in zip(top1, lengths, strict=True)])
     result = {
@@ -342,6 +457,7 @@ def main(argv=None):
         "rank2_given_miss": float(np.mean(flat[flat >= 2] == 2)),
         "rows": rows,
         "by_confidence": by_confidence(flat, conf),
+        "dynamic": dynamic,
         "path_counts": {
             "".join(map(str, p)) if all(r < 10 for r in p) else ".".join(map(str, p)): c
             for p, c in counts.most_common(64)

@@ -74,3 +74,36 @@ def test_choices_by_draft_confidence():
     assert rows[0] == {"q_top1": [0.0, 0.2], "tokens": 2, "share": 0.4, "first": 0.5,
                        "second": 0.5, "later_or_none": 0.0}  # fmt: skip
     assert rows[1]["later_or_none"] == 1.0 and rows[2]["tokens"] == 2 and rows[2]["first"] == 1.0
+
+
+def toy_draft_log_probs(q, out):
+    """`draft_log_probs` of the toy draft table after the decoded prefixes of `out`'s rows."""
+
+    def log_probs(b, prefixes):
+        rows = []
+        for prefix in prefixes:
+            seq, t = [0, *prefix], len(prefix)
+            if t >= q.shape[0]:  # past the length limit: never accepted, any distribution
+                rows.append(np.full(q.shape[-1], -np.log(q.shape[-1])))
+                continue
+            logits = q[t, seq[t - 1] if t >= 1 else 0, seq[t]]
+            rows.append(logits - np.log(np.sum(np.exp(logits))))
+        return np.asarray(rows)
+
+    return log_probs
+
+
+def test_trees_chosen_per_iteration_reduce_to_the_static_ones():
+    """One candidate per depth is the chain; every candidate kept is the full tree (3, 3)."""
+    max_len = 8
+    for seed in (3, 4):
+        p, q = random_tables(seed=seed, vocab=6, max_len=max_len)
+        p[..., EOS] -= 2.0
+        out, ranks, lengths = toy_ranks(p, q, 1, max_len)
+        lp = toy_draft_log_probs(q, out)
+        chain = tree_ceiling.dynamic_tokens_per_call(lp, out, lengths, 4, 1, 1, 3)
+        assert chain == tree_ceiling.tokens_per_call(ranks, lengths, tree.TreeShape((1, 1, 1)))
+        full = tree_ceiling.dynamic_tokens_per_call(lp, out, lengths, 13, 3, 3, 2)
+        assert full == tree_ceiling.tokens_per_call(ranks, lengths, tree.TreeShape((3, 3)))
+        small = tree_ceiling.dynamic_tokens_per_call(lp, out, lengths, 5, 3, 3, 2)
+        assert 1.0 <= small <= full
