@@ -2,8 +2,11 @@
 
 A chain of γ drafts is accepted up to its first rejection; a tree keeps several continuations at
 each depth, so a draft whose second choice is often the target's first gives more tokens per target
-call. The tree's shape is its per-depth branching factors: `tree=(3, 2, 1)` gives the root 3
+call. A tree is given by per-depth branching factors: `tree=(3, 2, 1)` gives the root 3
 children, each of them 2, each of those 1 (1 + 3 + 6 + 6 = 16 nodes); a chain of γ is `(1,) * γ`.
+Or any tree, by its nodes' child-rank paths: `tree=((0,), (1,), (0, 0))` is the draft's first and
+second choice after the root and the first choice after the first (`TreeShape`; `optimal_paths`
+picks the tree of each size from measured counts, `scripts/tree_ceiling.py` counts them).
 
 Nodes are numbered breadth first: the root (the last emitted token) is node 0, then depth 1 in
 child-rank order, then depth 2 grouped by parent, and so on (`TreeShape`). In an encoder-decoder
