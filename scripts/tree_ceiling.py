@@ -361,6 +361,20 @@ def markdown(result: dict) -> str:
         f"after a wrong first {result['rank1_given_miss']:.3f}, third after two wrong "
         f"{result['rank2_given_miss']:.3f}.",
         "",
+        "At T = 0 an iteration accepts the longest path of its tree that the target's greedy tokens "
+        "follow, so these ranks give every tree's tokens per target call exactly, as the decode "
+        "loop would run it (`scripts/tree_ceiling.py`). Rows k: the target's rows per verify call, "
+        "root included. Optimal tree of k: `tree.optimal_paths` on the child-rank paths counted "
+        "from every position of these examples (the loop starts at some of them only, so on few "
+        "examples a per-depth tree can beat it). × best chain's tokens: over the most tokens per "
+        "call any chain of these row budgets makes."
+        + (
+            " Predicted speed: (tokens / T(k)) over the fastest chain's, the target's verify call "
+            "only."
+            if tk
+            else ""
+        ),
+        "",
         head,
         sep,
     ]
@@ -412,9 +426,11 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--gin_file", default=EXPERIMENT, help="an experiment with a T5 draft")
-    parser.add_argument("--num_examples", type=int, default=100)
+    parser.add_argument("--num_examples", type=int, default=100, help="first N of the split")
     parser.add_argument("--split", default=None, help="the experiment's SPLIT unless given")
     parser.add_argument("--max_rows", type=int, default=16, help="largest row budget k")
     parser.add_argument("--max_depth", type=int, default=8, help="deepest tree considered")
@@ -426,8 +442,8 @@ def main(argv=None):
         "draft pass per depth and iteration)",
     )
     parser.add_argument("--dynamic_rows", default="6,9,12", help="row budgets of --dynamic")
-    parser.add_argument("--out", default="results/trees/ceiling")
-    parser.add_argument("--name", default="ceiling_ende_t0")
+    parser.add_argument("--out", default="results/trees/ceiling", help="output folder")
+    parser.add_argument("--name", default="ceiling_ende_t0", help="output file stem")
     args = parser.parse_args(argv)
     if args.num_examples < 1 or args.max_rows < 2 or args.max_depth < 1:
         parser.error("--num_examples >= 1, --max_rows >= 2 and --max_depth >= 1 are needed.")

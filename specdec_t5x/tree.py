@@ -37,6 +37,7 @@ from specdec_t5x import network
 Array = jax.Array
 
 TREE_RULES = ("topk", "iid", "without_replacement")
+MAX_TREE_NODES = 4096  # far past any tree that pays (a verify call of K rows); larger is a typo
 UNLIMITED_SLOTS = 2**30  # `cache_slots` of a step without a cache
 
 
@@ -87,6 +88,15 @@ class TreeShape:
                     f"tree must be a non-empty tuple of branching factors (ints >= 1) per depth, "
                     f"e.g. (3, 2, 1); got tree={b!r}."
                 )
+            nodes = width = 1
+            for x in b:
+                width *= int(x)
+                nodes += width
+                if nodes > MAX_TREE_NODES:
+                    raise ValueError(
+                        f"tree={b!r} has more than MAX_TREE_NODES={MAX_TREE_NODES} nodes (every "
+                        "node is a row of one verify call)."
+                    )
             return
         if (
             not isinstance(paths, tuple)
@@ -98,6 +108,11 @@ class TreeShape:
             raise ValueError(
                 "tree paths must be a non-empty tuple of non-empty tuples of child ranks (ints >= "
                 f"0), e.g. ((0,), (1,), (0, 0)); got paths={paths!r}."
+            )
+        if len(paths) + 1 > MAX_TREE_NODES:
+            raise ValueError(
+                f"tree paths give {len(paths) + 1} nodes, more than MAX_TREE_NODES="
+                f"{MAX_TREE_NODES} (every node is a row of one verify call)."
             )
         known = set(paths)
         if len(known) != len(paths):
@@ -221,15 +236,24 @@ class TreeShape:
 
 
 def parse_tree(tree) -> TreeShape:
-    """A `TreeShape` from branching factors (ints) or child-rank paths (tuples of ints); gin and
-    JSON give lists, taken as tuples.
+    """A `TreeShape` from branching factors (ints), child-rank paths (tuples of ints) or a row
+    name ('tree(2,1)', 'tree[0,1,00]', `shape_from_name`); gin and JSON give lists, taken as
+    tuples.
 
     Raises:
-      ValueError: see `TreeShape`.
+      ValueError: see `TreeShape` and `shape_from_name`; ints and paths mixed.
     """
     if isinstance(tree, TreeShape):
         return tree
-    if isinstance(tree, list | tuple) and tree and all(isinstance(p, list | tuple) for p in tree):
+    if isinstance(tree, str):
+        return shape_from_name(tree)
+    nested = [isinstance(p, list | tuple) for p in tree] if isinstance(tree, list | tuple) else []
+    if any(nested) and not all(nested):
+        raise ValueError(
+            "a tree is either branching factors (ints, e.g. (3, 2, 1)) or child-rank paths "
+            f"(tuples, e.g. ((0,), (1,), (0, 0))), not both; got tree={tree!r}."
+        )
+    if any(nested):
         return TreeShape(paths=tuple(tuple(p) for p in tree))
     if isinstance(tree, list | tuple):
         tree = tuple(tree)

@@ -37,6 +37,17 @@ def _sweep_run(chain_speeds, tree_speed, tree_tokens):
     return {**_record(), "gamma_sweep": sweep, "tree_sweep": trees}
 
 
+def test_tree_rows_of_any_tree_name_leave_the_chains_verify_cost_out():
+    run = _sweep_run({1: 1.2}, 1.3, 2.0)
+    run["tree_sweep"]["tree[0,1,00]"] = run["tree_sweep"]["tree(2,1)"]
+    rows = tables.rows({**run, "verify_cost_ratio": 1.44})
+    trees = [r for r in rows if "| tree" in r]
+    assert len(trees) == 2 and all(r.split(" | ")[6] == "–" for r in trees), trees
+    assert "| 1.44 |" in rows[0]  # the chain's own row keeps it
+    median = {r.split(" | ")[4]: r for r in tables.sweep_median_rows([run])}
+    assert "| 4 |" in median["tree[0,1,00]"]  # rows verified: read back from the name
+
+
 def test_sweep_median_rows_compare_each_run_with_its_own_fastest_chain():
     runs = [
         _sweep_run({1: 1.2, 2: 1.5}, 1.65, 2.3),  # fastest chain γ = 2 (tokens 1.9): tree 1.10×

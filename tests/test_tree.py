@@ -152,6 +152,11 @@ def test_paths_give_the_branching_layout_and_any_tree():
 def test_bad_tree_paths_raise(paths, match):
     with pytest.raises(ValueError, match=match):
         tree.TreeShape(paths=paths)
+    with pytest.raises(ValueError, match="not both"):
+        tree.parse_tree(((0,), 2))
+    with pytest.raises(ValueError, match="more than MAX_TREE_NODES=4096"):
+        tree.parse_tree((2,) * 70)  # 2**71 nodes: refused before counting them
+    assert tree.parse_tree("tree[0,1,00]") == tree.parse_tree([[0], [1], [0, 0]])
     with pytest.raises(ValueError, match="per-depth branching factors.*or the child-rank paths"):
         tree.TreeShape((2,), paths=((0,),))
 

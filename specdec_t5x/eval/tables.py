@@ -62,7 +62,7 @@ def _cells(m: dict[str, Any]) -> dict[str, str]:
     elif not greedy:
         speed += T5X_SAMPLER_MARK
     predicted = m.get("predicted_speedup") if auto else m.get("predicted_speedup_measured_verify")
-    tree = str(m["gamma"]).startswith("tree(")  # Theorem 3.8 and the chain's verify/step: n/a
+    tree = str(m["gamma"]).startswith("tree")  # Theorem 3.8 and the chain's verify/step: n/a
     return {
         "task": m["task"],
         "draft": m["draft"],
