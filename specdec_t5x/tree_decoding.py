@@ -131,7 +131,7 @@ def expand_tree(draft_step, shape, last, root_logits, start, cache, rule, greedy
         nodes, inner = shape.nodes_at(d), shape.inner_at(d)
         if d > 0:  # feed the nodes at depth d that have children
             query = tree_lib.TreeQuery(shape, inner)
-            fed = level[:, np.asarray([nodes.index(i) for i in inner])]
+            fed = level if inner == nodes else level[:, np.asarray([nodes.index(i) for i in inner])]
             frontier_logits, cache = draft_step(fed, start, cache, tree=query)
         k = shape.max_children(d)
         children, q_d = propose_children(
@@ -140,7 +140,9 @@ def expand_tree(draft_step, shape, last, root_logits, start, cache, rule, greedy
         # Node j at depth d + 1 is child `rank[j]` of its parent, the `inner.index(parent)`-th.
         below = shape.nodes_at(d + 1)
         pick = [inner.index(int(shape.parent[j])) * k + int(shape.rank[j]) for j in below]
-        level = children.reshape(batch, -1)[:, np.asarray(pick)]  # [b, n_{d+1}]
+        level = children.reshape(batch, -1)  # [b, len(inner) * k]
+        if pick != list(range(level.shape[1])):  # some nodes have fewer than k children
+            level = level[:, np.asarray(pick)]  # [b, n_{d+1}]
         tokens.append(level)
         q_parts.append(q_d)
     q = None if greedy else jnp.concatenate(q_parts, axis=1)  # [b, num_inner, V]
