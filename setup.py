@@ -71,7 +71,11 @@ setuptools.setup(
     version="0.1.0",
     description="Exact speculative decoding for T5X-compatible encoder-decoder models in JAX/Flax.",
     packages=setuptools.find_packages(include=["specdec_t5x", "specdec_t5x.*"]),
-    package_data={"specdec_t5x": ["assets/*", "assets/**/*", "cpu_kernel/*.cc"]},
+    # gin/: the shipped gin files (the repository's ./gin links to specdec_t5x/gin), so an installed
+    # package serves `include 'gin/...'` to T5X's binaries (--gin_search_paths).
+    package_data={
+        "specdec_t5x": ["assets/*", "assets/**/*", "cpu_kernel/*.cc", "gin/*/*.gin"]
+    },
     ext_modules=[CPU_KERNEL],
     cmdclass={"build_ext": OptionalBuildExt},
     include_package_data=True,

@@ -322,7 +322,7 @@ def load_params_for_model(
     if shardings is None and mesh is not None:
         from specdec_t5x import partitioning  # local: partitioning does not need checkpoints
 
-        shardings = partitioning.param_shardings(expected_tree, mesh)
+        shardings = partitioning.param_shardings(expected_tree, mesh, _as_module(model))
     if shardings is None or isinstance(shardings, jax.sharding.Sharding):
         flat_shardings = dict.fromkeys(expected, shardings)
     else:

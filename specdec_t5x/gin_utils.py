@@ -1,9 +1,11 @@
 """Gin at the edges: the one module that imports gin (scripts and tests use it; library code never).
 
-Gin files live in the repository's `gin/` folder and use dynamic registration
+Gin files live in the package's `gin/` folder (`specdec_t5x/gin/`, installed with the package;
+the repository's `gin/` links to it) and use dynamic registration
 (`from __gin__ import dynamic_registration`), so library functions and classes are configured
 without decorators, as in T5X. Includes are relative to `gin/` (e.g.
-`include 'gin/models/t5_1_1_base.gin'`; the repository root and `gin/` are both search paths).
+`include 'gin/models/t5_1_1_base.gin'`; the package folder and `gin/` are both search paths:
+`search_path()` is the one to give T5X's binaries as `--gin_search_paths`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from collections.abc import Sequence
 
 import gin
 
-GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
+GIN_DIR = pathlib.Path(__file__).resolve().parent / "gin"  # shipped in the package; ./gin links here
+
+
+def search_path() -> str:
+    """The folder to add to gin's search paths (T5X's `--gin_search_paths`) so that
+    `include 'gin/...'` finds the shipped files: the installed package's folder."""
+    return str(GIN_DIR.parent)
 
 
 def parse(gin_files: Sequence[str], bindings: Sequence[str] = (), finalize: bool = True) -> None:
@@ -46,11 +54,18 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (), finalize: bool
     gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
     missing = missing_required_macros()
     if missing:
+        hint = (
+            " DRAFT comes from a draft file: include one of gin/models/draft_*.gin or "
+            "gin/models/embedded_*_draft*.gin (before or after gin/decoding/speculative.gin)."
+            if "DRAFT" in missing
+            else ""
+        )
         raise ValueError(
             "required gin macro(s) not set: "
             + ", ".join(missing)
             + " (set them in a gin file or with --gin.NAME=VALUE, e.g. "
             + f"--gin.{missing[0]}=...)."
+            + hint
         )
     unused = unused_macros(bindings)
     if unused:
@@ -89,9 +104,12 @@ def unused_macros(bindings: Sequence[str]) -> list[str]:
 
 
 def missing_required_macros() -> list[str]:
-    """Names of macros still bound to `%gin.REQUIRED` in the parsed config."""
+    """Names of macros still bound to `%gin.REQUIRED`, or referenced and never set, in the
+    parsed config (e.g. DRAFT when no draft file is included)."""
+    text = gin.config_str()
     pattern = re.compile(r"^(\w+) = %gin\.REQUIRED$", re.MULTILINE)
-    return sorted(set(pattern.findall(gin.config_str())))
+    referenced = set(re.findall(r"%(\w+)\b", text)) - {"gin"}
+    return sorted(set(pattern.findall(text)) | (referenced - set(defined_macros())))
 
 
 def reject_bindings(parameters: Sequence[str], route: str) -> None:

@@ -9,14 +9,21 @@ Glue only: encode once, build the cache, build a step closure, call an injectabl
   `predict_batch_with_aux` calls `speculative.speculative_sample` and returns its statistics in the
   aux dict, so a T5X-shaped eval loop runs it unchanged (T5X's "Option 2", like `contrib/calm`).
 
+Both keep T5X's model contract as `t5x/infer.py`, `t5x/eval.py` and `t5x/utils.py` call it:
+`FEATURE_CONVERTER_CLS` (seqio's `EncDecFeatureConverter`), `get_initial_variables(rng,
+input_shapes, input_types=None)` returning `params` and `params_axes` (the logical axis names T5X's
+`PjitPartitioner` shards by), `predict_batch`, `predict_batch_with_aux` and `score_batch` with
+T5X's signatures. The decode functions' contracts are the Protocols `DecodeFnCallable` (T5X's) and
+`SpeculativeDecodeFnCallable`.
+
 Both closures handed to samplers follow the block-step contract `steps.BlockStep`; `encode`,
 `init_cache`, `make_block_step` and `BlockStep` are re-exported from `steps`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +31,84 @@ import optax
 
 from specdec_t5x import cpu_kernel, decoding, network, steps
 
+if TYPE_CHECKING:
+    from specdec_t5x import speculative
+
 Array = jax.Array
+
+
+class DecodeFnCallable(Protocol):
+    """T5X's decode-function contract (`t5x.models.DecodeFnCallable`), called with keywords only.
+
+    `decoding.temperature_sample` is one; T5X's own `decoding.temperature_sample` is another.
+
+    Args:
+      inputs: int32 [batch, max_decode_len] decoder prompt buffer (all zeros: no prompt).
+      cache: the decoder cache pytree of `tokens_to_logits`.
+      tokens_to_logits: `DecodingState -> (logits float32 [batch * num_decodes, vocab], cache)`.
+      eos_id: end-of-sequence id.
+      num_decodes: decodes per example.
+      decode_rng: PRNG key, or None.
+      cache_offset: axis of the batch in the cache leaves (0 here: no scanned-layer offset).
+      **kwargs: `decoder_params` (temperature, topk, topp, max_decode_steps, ...).
+
+    Returns:
+      (decodes int32 [batch, num_decodes, max_decode_len], scores float32 [batch, num_decodes]),
+      sorted so that `[:, -1]` is the best.
+    """
+
+    def __call__(
+        self,
+        *,
+        inputs: Array,
+        cache: Mapping[str, Any],
+        tokens_to_logits: decoding.TokensToLogits,
+        eos_id: int,
+        num_decodes: int,
+        decode_rng: Array | None,
+        cache_offset: int,
+        **kwargs: Any,
+    ) -> tuple[Array, Array]: ...
+
+
+class SpeculativeDecodeFnCallable(Protocol):
+    """The speculative decode-function contract (`speculative.speculative_sample`).
+
+    Args:
+      inputs: int32 [batch, max_decode_len] decoder prompt buffer (all zeros: no prompt).
+      target_cache / draft_cache: the caches of the two block steps.
+      target_tokens_to_logits / draft_tokens_to_logits: `steps.BlockStep`s, `(tokens int32
+        [batch, k], positions int32 [batch], cache) -> (logits float32 [batch, k, vocab], cache)`.
+      eos_id: end-of-sequence id.
+      decode_rng: PRNG key, or None.
+      **kwargs: gamma, temperature, topk, topp, ... (`decoder_params`, or bound by gin).
+
+    Returns:
+      (decodes int32 [batch, max_decode_len], `speculative.SpeculativeStats` of [batch] arrays).
+    """
+
+    def __call__(
+        self,
+        inputs: Array,
+        target_cache: Any,
+        target_tokens_to_logits: steps.BlockStep,
+        draft_cache: Any,
+        draft_tokens_to_logits: steps.BlockStep,
+        eos_id: int,
+        *,
+        decode_rng: Array | None = None,
+        **kwargs: Any,
+    ) -> tuple[Array, speculative.SpeculativeStats]: ...
+
+
+class _EncDecFeatureConverter:
+    """`seqio.EncDecFeatureConverter`, as T5X's class attribute, imported on first use (seqio
+    imports TensorFlow, which decoding alone never needs)."""
+
+    def __get__(self, obj, owner=None):
+        import seqio
+
+        return seqio.EncDecFeatureConverter
 
 
 def _require(batch: Mapping[str, Array], *keys: str) -> None:
@@ -86,6 +170,8 @@ class EncoderDecoderModel:
         not apply to).
       label_smoothing, z_loss, loss_normalizing_factor: training loss settings as in T5X.
       default_decoder_params: dict merged under per-call `decoder_params`.
+      feature_converter_cls: overrides `FEATURE_CONVERTER_CLS` (T5X's argument), e.g.
+        `seqio.EncDecFeatureConverter` subclasses; None keeps seqio's `EncDecFeatureConverter`.
       cpu_weight_dtype: storage of the decoder weights packed for the CPU kernel: 'float32'
         (default) or 'bfloat16' (CPU inference option: halves the bytes read, changes numerics).
       sampler: the baseline's draw (`decoding.SAMPLERS`), passed to `decode_fn` as its `sampler`
@@ -99,19 +185,22 @@ class EncoderDecoderModel:
         `decoding.SAMPLERS`, or set both here and in `default_decoder_params`.
     """
 
+    FEATURE_CONVERTER_CLS = _EncDecFeatureConverter()
+
     def __init__(
         self,
         module: network.Transformer,
         input_vocabulary=None,
         output_vocabulary=None,
         optimizer_def: optax.GradientTransformation | None = None,
-        decode_fn: Callable[..., Any] = decoding.temperature_sample,
+        decode_fn: DecodeFnCallable = decoding.temperature_sample,
         label_smoothing: float = 0.0,
         z_loss: float = 0.0,
         loss_normalizing_factor: float | None = None,
         default_decoder_params: Mapping[str, Any] | None = None,
         cpu_weight_dtype: str = "float32",
         sampler: str | None = None,
+        feature_converter_cls: type | None = None,
     ):
         cpu_kernel.check_weight_dtype(cpu_weight_dtype)
         default_decoder_params = dict(default_decoder_params or {})
@@ -123,6 +212,8 @@ class EncoderDecoderModel:
                     f"({default_decoder_params['sampler']!r}); set it in one place."
                 )
             default_decoder_params["sampler"] = sampler
+        if feature_converter_cls is not None:
+            self.FEATURE_CONVERTER_CLS = feature_converter_cls
         self.cpu_weight_dtype = cpu_weight_dtype
         self.module = module
         self.input_vocabulary = input_vocabulary
@@ -139,11 +230,48 @@ class EncoderDecoderModel:
         vocab = self.output_vocabulary
         return 1 if vocab is None else int(vocab.eos_id)
 
-    def get_initial_variables(self, rng: Array, input_shapes: Mapping[str, tuple[int, ...]]):
-        """Initial `{'params': ...}` for inputs of the given shapes (T5X signature, types int32)."""
-        enc = jnp.ones(input_shapes["encoder_input_tokens"], jnp.int32)
-        dec = jnp.ones(input_shapes["decoder_input_tokens"], jnp.int32)
-        return self.module.init(rng, enc, dec, dec, enable_dropout=False)
+    def get_initial_variables(
+        self,
+        rng: Array,
+        input_shapes: Mapping[str, tuple[int, ...]],
+        input_types: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Initial variables for inputs of the given shapes (T5X's `get_initial_variables`).
+
+        Args:
+          rng: PRNG key of the initialisation.
+          input_shapes: feature name -> shape, e.g. `encoder_input_tokens` (batch, enc_len) and
+            `decoder_input_tokens` (batch, max_decode_len); `encoder_/decoder_segment_ids` and
+            `encoder_/decoder_positions` are used when present (packed batches).
+          input_types: feature name -> dtype (T5X passes the dataset's); int32 where absent.
+
+        Returns:
+          `{'params': the parameter tree (T5X names), 'params_axes': T5X's logical axis names of
+          every parameter}` (`flax.linen.partitioning.get_axis_names` turns the latter into the
+          tree T5X's `PjitPartitioner.get_mesh_axes` reads).
+
+        Raises:
+          KeyError: `encoder_input_tokens` or `decoder_input_tokens` missing from `input_shapes`.
+        """
+        input_types = {} if input_types is None else input_types
+
+        def ones(name):
+            if name not in input_shapes:
+                return None
+            return jnp.ones(input_shapes[name], input_types.get(name, jnp.int32))
+
+        dec = ones("decoder_input_tokens")
+        return self.module.init(
+            rng,
+            ones("encoder_input_tokens"),
+            dec,
+            dec,
+            ones("encoder_segment_ids"),
+            ones("decoder_segment_ids"),
+            ones("encoder_positions"),
+            ones("decoder_positions"),
+            enable_dropout=False,
+        )
 
     def logits(self, params, batch: Mapping[str, Array], dropout_rng: Array | None = None) -> Array:
         """Teacher-forced float32 [batch, len, vocab] logits (packed batches supported: segment
@@ -222,17 +350,26 @@ class EncoderDecoderModel:
         }
         return loss, metrics
 
-    def score_batch(self, params, batch: Mapping[str, Array]) -> Array:
+    def score_batch(
+        self, params, batch: Mapping[str, Array], return_intermediates: bool = False
+    ) -> Array:
         """Teacher-forced sum of target-token log-probs: float32 [batch] (T5X `score_batch`).
 
         Args:
-          params: model parameters.
+          params: model parameters (a speculative model's: the target's).
           batch: `encoder_input_tokens`, `decoder_input_tokens`, `decoder_target_tokens` int32
             [batch, len]; optional `decoder_loss_weights` float32 [batch, len].
+          return_intermediates: T5X's option to return sown intermediates; not supported.
 
         Raises:
-          ValueError: a feature missing from `batch` or not int token ids [batch, length].
+          ValueError: a feature missing from `batch` or not int token ids [batch, length];
+            `return_intermediates=True`.
         """
+        if return_intermediates:
+            raise ValueError(
+                "score_batch(return_intermediates=True) is not supported: the network sows no "
+                "intermediates; call score_batch without it."
+            )
         logits = self.logits(params, batch)
         targets = batch["decoder_target_tokens"]
         weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
@@ -263,7 +400,8 @@ class EncoderDecoderModel:
         return cache, steps.make_block_step(self.module, params, encoder_input_tokens)
 
     def predict_batch(self, params, batch, rng=None, **kwargs) -> Array:
-        """Best decodes int32 [batch, max_decode_len] (T5X `predict_batch`)."""
+        """Best decodes int32 [batch, max_decode_len] (T5X `predict_batch`); keywords as
+        `predict_batch_with_aux`."""
         return self.predict_batch_with_aux(params, batch, rng, **kwargs)[0]
 
     def predict_batch_with_aux(
@@ -326,23 +464,41 @@ class EncoderDecoderModel:
 class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     """An `EncoderDecoderModel` whose predictions come from speculative decoding.
 
-    Holds the target network (`module`, M_p) and a draft (`drafts.Draft`, M_q). Training, scoring
-    and initial variables stay target-only (T5X passes only target params around); the draft's
-    parameters travel separately (`draft_params`, default `draft.params`).
+    Holds the target network (`module`, M_p) and a draft (`drafts.Draft`, M_q). Training and
+    scoring stay target-only. The draft's parameters reach the decode in one of two ways:
+
+    * `draft_in_params=False` (default): they travel separately (`draft_params`, default
+      `draft.params`); initial variables are the target's alone.
+    * `draft_in_params=True` (T5X's binaries, which pass one parameter tree to
+      `predict_batch_with_aux`): a T5 draft's parameters are the subtree `params['draft']`, so
+      they enter T5X's jit as an argument and T5X's partitioner shards them by their own logical
+      axes. `get_initial_variables` then adds the draft's variables under 'draft'; a T5X
+      checkpoint of the target gets them at restore from the draft's own T5X checkpoint
+      (`t5x_binaries.AddDraftParams`, a T5X state transformation function).
 
     Args:
       module: target `network.Transformer`.
       draft: a `drafts.Draft` (T5 model, unigram, bigram or source-copy).
-      decode_fn: the speculative decode function (default `speculative.speculative_sample`);
-        gin binds gamma / temperature / topk / topp on it.
+      decode_fn: the speculative decode function (default `speculative.speculative_sample`), a
+        `SpeculativeDecodeFnCallable`; gin binds gamma / temperature / topk / topp on it.
+      draft_in_params: see above (needs a T5 draft, one with a `network.Transformer` module).
       Other arguments as `EncoderDecoderModel`, except `sampler`.
 
     Raises:
       ValueError: a `sampler` (the speculative loop always draws by inverse CDF; `sampler` picks
-        the draw of an `EncoderDecoderModel` baseline), or as `EncoderDecoderModel`.
+        the draw of an `EncoderDecoderModel` baseline); `draft_in_params` with a draft that has
+        no network; or as `EncoderDecoderModel`.
     """
 
-    def __init__(self, module, draft, input_vocabulary=None, output_vocabulary=None, **kwargs):
+    def __init__(
+        self,
+        module,
+        draft,
+        input_vocabulary=None,
+        output_vocabulary=None,
+        draft_in_params: bool = False,
+        **kwargs,
+    ):
         from specdec_t5x import speculative  # local: speculative imports nothing from here
 
         if kwargs.get("sampler") is not None:
@@ -352,9 +508,47 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
                 "sampler sets the draw of a models.EncoderDecoderModel baseline."
             )
 
+        if draft_in_params and not isinstance(getattr(draft, "module", None), network.Transformer):
+            raise ValueError(
+                f"draft_in_params=True needs a T5 draft (drafts.T5Draft); got {type(draft).__name__}."
+            )
         kwargs.setdefault("decode_fn", speculative.speculative_sample)
         super().__init__(module, input_vocabulary, output_vocabulary, **kwargs)
         self.draft = draft
+        self.draft_in_params = bool(draft_in_params)
+
+    def get_initial_variables(self, rng, input_shapes, input_types=None) -> dict[str, Any]:
+        """The target's initial variables (`EncoderDecoderModel.get_initial_variables`); with
+        `draft_in_params`, the draft's `params` and `params_axes` are added under 'draft'."""
+        variables = super().get_initial_variables(rng, input_shapes, input_types)
+        if not self.draft_in_params:
+            return variables
+        draft = EncoderDecoderModel(self.draft.module).get_initial_variables(
+            jax.random.fold_in(rng, 1), input_shapes, input_types
+        )
+        return {
+            name: {**variables[name], "draft": draft[name]} for name in ("params", "params_axes")
+        }
+
+    def split_params(self, params, draft_params=None) -> tuple[Any, Any]:
+        """`(target params, draft params)` from the arguments of `predict_batch_with_aux`.
+
+        Raises:
+          ValueError: `draft_in_params` and no 'draft' subtree in `params`, or draft parameters
+            given both ways.
+        """
+        if not self.draft_in_params:
+            return params, self.draft.params if draft_params is None else draft_params
+        if "draft" not in params:
+            raise ValueError(
+                "draft_in_params=True but params has no 'draft' subtree: restore the draft with "
+                "t5x_binaries.AddDraftParams (gin/t5x/speculative.gin binds it) or pass a tree "
+                "from get_initial_variables."
+            )
+        if draft_params is not None:
+            raise ValueError("draft_params given, but the draft is in params['draft']: pass one.")
+        target = {k: v for k, v in params.items() if k != "draft"}
+        return target, params["draft"]
 
     def states(self, params, draft_params, encoder_input_tokens: Array, max_decode_len: int):
         """`((target_cache, target_step), (draft_cache, draft_step))` for one batch.
@@ -409,50 +603,52 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
         batch: Mapping[str, Array],
         rng: Array | None = None,
         decoder_params: Mapping[str, Any] | None = None,
-        draft_params=None,
+        return_all_decodes: bool = False,
+        num_decodes: int = 1,
         prompt_with_targets: bool = False,
+        *,
+        draft_params=None,
     ) -> tuple[Array, dict[str, Any]]:
-        """Speculative decodes int32 [batch, max_decode_len] and `{'stats': SpeculativeStats}`.
+        """Speculative decodes and their aux (T5X's `predict_batch_with_aux` signature).
 
         Args:
-          params: target parameters.
+          params: target parameters (with `draft_in_params`: and the draft's under 'draft').
           batch: as `EncoderDecoderModel.predict_batch_with_aux`.
           rng: PRNG key for sampling.
           decoder_params: extra keyword arguments for the decode fn (gamma, temperature, ...).
+          return_all_decodes: return [batch, 1, L] decodes and [batch, 1] scores (T5X's layout).
+          num_decodes: must be 1: one decode per example (T5X's beam search and several samples
+            per example are `EncoderDecoderModel`'s).
+          prompt_with_targets: use the decoder inputs (EOS zeroed) as a forced prompt.
           draft_params: draft parameters (default `self.draft.params`). Pass them explicitly under
             `jax.jit` so they are arguments, not compile-time constants.
-          prompt_with_targets: use the decoder inputs (EOS zeroed) as a forced prompt.
 
         Returns:
           (decodes int32 [batch, max_decode_len]: prompt, generated tokens, EOS, then zeros;
-          {'stats': `speculative.SpeculativeStats` of per-row int32 [batch] counts (iterations = target calls,
-          accepted and proposed drafts, ...)}).
+          {'scores': float32 [batch], the log-probability of each decode's generated tokens under
+          the target's adjusted distribution (T5X's `temperature_sample` scores: 0 at T = 0),
+          'stats': `speculative.SpeculativeStats` of per-row [batch] counts (iterations = target
+          calls, accepted and proposed drafts, ...)}).
 
         Raises:
-          ValueError: a feature missing from `batch` or not int token ids [batch, length]; no
-            `gamma` (nor `tree`) in `decoder_params` (nor in `default_decoder_params`) for the
-            default decode fn `speculative.speculative_sample`; bad γ, tree or sampling settings
-            (from the decode fn).
+          ValueError: `num_decodes` other than 1; a feature missing from `batch` or not int token
+            ids [batch, length]; no `gamma` (nor `tree`) given or bound (from the decode fn); bad
+            γ, tree or sampling settings (from the decode fn); see `split_params`.
         """
+        if num_decodes != 1:
+            raise ValueError(
+                f"speculative decoding returns one decode per example; got num_decodes="
+                f"{num_decodes} (beam search or several samples per example: decode with "
+                "models.EncoderDecoderModel)."
+            )
         _require(batch, "encoder_input_tokens", "decoder_input_tokens")
+        params, draft_params = self.split_params(params, draft_params)
         kwargs = {**self.default_decoder_params, **dict(decoder_params or {})}
-        from specdec_t5x import speculative
         from specdec_t5x import tree as tree_lib
 
         tree = kwargs.get("tree")
-        if (
-            "gamma" not in kwargs
-            and tree is None
-            and self.decode_fn is speculative.speculative_sample
-        ):
-            raise ValueError(
-                "speculative decoding needs gamma (draft tokens per iteration, an int >= 1) or a "
-                "tree: pass decoder_params={'gamma': 5, ...}; the eval job's GAMMA sets it."
-            )
         enc = batch["encoder_input_tokens"]
         inputs = decoder_prompt_inputs(batch, self.eos_id, prompt_with_targets)
-        if draft_params is None:
-            draft_params = self.draft.params
         # A token tree of K nodes needs K - 1 slots past max_decode_len to stay whole near the
         # length limit (`tree.TreeStep.cache_slots`); the chain keeps max_decode_len.
         extra_slots = 0 if tree is None else tree_lib.parse_tree(tree).num_nodes - 1
@@ -469,4 +665,9 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
             decode_rng=rng,
             **kwargs,
         )
-        return decodes, {"stats": stats}
+        scores = getattr(stats, "log_prob", None)  # token trees keep no score
+        if scores is None:
+            scores = jnp.full(decodes.shape[:1], jnp.nan, jnp.float32)
+        if return_all_decodes:
+            decodes, scores = decodes[:, None], scores[:, None]  # [b, L] -> [b, 1, L]
+        return decodes, {"scores": scores, "stats": stats}

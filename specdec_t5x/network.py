@@ -59,6 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+from flax.linen import partitioning as nn_partitioning
 
 from specdec_t5x import cpu_kernel
 
@@ -264,8 +265,12 @@ class RelativePositionBiases(nn.Module):
         Returns:
           dtype [batch, heads, q_len, k_len] additive attention bias.
         """
-        rel_embedding = self.param(
-            "rel_embedding", _relpos_init, (self.num_heads, NUM_BUCKETS), jnp.float32
+        rel_embedding = nn_partitioning.param_with_axes(
+            "rel_embedding",
+            _relpos_init,
+            (self.num_heads, NUM_BUCKETS),
+            jnp.float32,
+            axes=("heads", "relpos_buckets"),
         )
         n = query_positions[:, :, None] - key_positions[:, None, :]  # [b, q, k]
         n = jnp.clip(n, -MAX_DISTANCE, MAX_DISTANCE) + MAX_DISTANCE
@@ -291,7 +296,9 @@ class LayerNorm(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         x = jnp.asarray(x, jnp.float32)
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+        scale = nn_partitioning.param_with_axes(
+            "scale", nn.initializers.ones, (x.shape[-1],), jnp.float32, axes=("embed",)
+        )
         var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
         y = jnp.asarray(x * jax.lax.rsqrt(var + self.epsilon), self.dtype)
         return y * jnp.asarray(scale, self.dtype)
@@ -302,10 +309,17 @@ class Dense(nn.Module):
 
     If the parameter tree holds `kernel_packed` instead (from `cpu_kernel.pack_params`, which packs
     the decoder's projections for cached CPU decoding), the product runs on the CPU kernel.
+
+    Attributes:
+      features: output width.
+      dtype: activation dtype of the product (the kernel is stored float32).
+      kernel_axes: T5X's logical axis names of the kernel `[in, out]` (`param_with_axes`), e.g.
+        ('embed', 'mlp'); T5X's partitioner maps them to the mesh (`partitioning`).
     """
 
     features: int
     dtype: DType
+    kernel_axes: tuple[str, str]
     kernel_init: Any = _kernel_init
 
     @nn.compact
@@ -315,7 +329,13 @@ class Dense(nn.Module):
         if self.has_variable("params", cpu_kernel.PACKED_NAME):
             packed = self.get_variable("params", cpu_kernel.PACKED_NAME)
             return cpu_kernel.dense(x, packed, self.features, self.dtype)
-        kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
+        kernel = nn_partitioning.param_with_axes(
+            "kernel",
+            self.kernel_init,
+            (x.shape[-1], self.features),
+            jnp.float32,
+            axes=self.kernel_axes,
+        )
         return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
 
     def _shortlist(self, x: Array) -> Array:
@@ -350,11 +370,11 @@ class MlpBlock(nn.Module):
         h = None
         for i, act in enumerate(acts):
             name = "wi" if len(acts) == 1 else f"wi_{i}"
-            y = Dense(cfg.mlp_dim, cfg.dtype, name=name)(x)
+            y = Dense(cfg.mlp_dim, cfg.dtype, ("embed", "mlp"), name=name)(x)
             y = y if act == "linear" else getattr(nn, act)(y)
             h = y if h is None else h * y
         h = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(h, deterministic=not enable_dropout)
-        return Dense(cfg.emb_dim, cfg.dtype, name="wo")(h)
+        return Dense(cfg.emb_dim, cfg.dtype, ("mlp", "embed"), name="wo")(h)
 
 
 def _query_init(head_dim: int):
@@ -412,7 +432,7 @@ class MultiHeadAttention(nn.Module):
         batch, q_len = q_inputs.shape[:2]
 
         def project(name, x, init=_kernel_init):
-            y = Dense(features, cfg.dtype, kernel_init=init, name=name)(x)
+            y = Dense(features, cfg.dtype, ("embed", "joined_kv"), kernel_init=init, name=name)(x)
             return y.reshape(y.shape[:2] + (heads, head_dim))  # [b, l, h*d] -> [b, l, h, d]
 
         query = project("query", q_inputs, _query_init(head_dim))  # [b, q, h, d]
@@ -500,7 +520,8 @@ class MultiHeadAttention(nn.Module):
             if bias is None:
                 bias = jnp.zeros((1, 1, q_len, key.shape[2]), jnp.float32)
             out = cpu_kernel.attention(query, key, value, bias)  # [b, q, h, d]
-            return Dense(cfg.emb_dim, cfg.dtype, name="out")(out.reshape(batch, q_len, features))
+            out = out.reshape(batch, q_len, features)  # [b, q, h, d] -> [b, q, h*d]
+            return Dense(cfg.emb_dim, cfg.dtype, ("joined_kv", "embed"), name="out")(out)
         if heads_first_dots:
             logits = jax.lax.platform_dependent(
                 query,
@@ -525,7 +546,7 @@ class MultiHeadAttention(nn.Module):
         else:
             out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [b, q, h, d]
         out = out.reshape(batch, q_len, features)  # [b, q, h, d] -> [b, q, h*d]
-        return Dense(cfg.emb_dim, cfg.dtype, name="out")(out)
+        return Dense(cfg.emb_dim, cfg.dtype, ("joined_kv", "embed"), name="out")(out)
 
 
 def _t5x_cache_read(x: Array) -> Array:
@@ -619,8 +640,12 @@ class Embed(nn.Module):
     dtype: DType
 
     def setup(self):
-        self.embedding = self.param(
-            "embedding", _embed_init, (self.num_embeddings, self.features), jnp.float32
+        self.embedding = nn_partitioning.param_with_axes(
+            "embedding",
+            _embed_init,
+            (self.num_embeddings, self.features),
+            jnp.float32,
+            axes=("vocab", "embed"),
         )
 
     def __call__(self, tokens: Array) -> Array:
@@ -746,7 +771,7 @@ class Decoder(nn.Module):
         if cfg.logits_via_embedding:
             logits = self.shared_embedding.attend(x) / jnp.sqrt(x.shape[-1]).astype(x.dtype)
         else:
-            logits = Dense(cfg.vocab_size, jnp.float32, name="logits_dense")(x)
+            logits = Dense(cfg.vocab_size, jnp.float32, ("embed", "vocab"), name="logits_dense")(x)
         return logits.astype(jnp.float32)  # [b, q, vocab]
 
 
@@ -772,7 +797,7 @@ def _layer_stack(layer_cls, config: T5Config, num_layers: int, x: Array, *args) 
     def body(layer, carry, _):
         return layer(carry, *args), None
 
-    scan = nn.scan(
+    scan = nn_partitioning.scan_with_axes(  # nn.scan that adds 'layers' to the params' axes
         body,
         variable_axes={"params": 0, "cache": 0},
         split_rngs={"params": True, "dropout": True},

@@ -1,8 +1,11 @@
 """Model-parallel decoding on a ('data', 'model') device mesh, T5X style (`t5x/partitioning.py`).
 
-Parameters get T5X's *logical* axis names (what `param_with_axes` attaches in
-`t5x/examples/t5/layers.py`); `LOGICAL_AXIS_RULES` (T5X's `standard_logical_axis_rules` for 1-D
-parameter and activation partitioning) map them to mesh axes::
+Parameters carry T5X's *logical* axis names, declared by the network itself with flax's
+`param_with_axes` exactly as `t5x/examples/t5/layers.py` declares them (`network`; the `params_axes`
+collection of `models.EncoderDecoderModel.get_initial_variables`, which T5X's `PjitPartitioner`
+reads). `logical_axes` reads that collection, so this module and T5X's partitioner shard from one
+source. `LOGICAL_AXIS_RULES` (T5X's `standard_logical_axis_rules` for 1-D parameter and activation
+partitioning) map the names to mesh axes::
 
   token_embedder/embedding                 [vocab, embed]      -> ('model', None)
   */{query,key,value}/kernel                [embed, joined_kv]  -> (None, 'model')
@@ -14,8 +17,9 @@ parameter and activation partitioning) map them to mesh axes::
   */scale (norms)                           [embed]             -> replicated
   cache cached_key / cached_value           [batch, heads, length, kv] -> ('data', 'model', None, None)
 
-With `T5Config(scan_layers=True)` layer parameters and caches have a leading layer axis, which is
-never sharded.
+With `T5Config(scan_layers=True)` layer parameters and caches have a leading layer axis (logical
+name 'layers', as flax's `scan_with_axes` names it), which is never sharded. Parameters packed for
+the CPU kernel (`kernel_packed`, draft shortlists) have no logical axes and are replicated.
 
 A dimension that the mesh axis does not divide stays replicated (T5X would refuse), so tiny test
 models run on any mesh. Decoding is plain `jax.jit` with `in_shardings`/`out_shardings` plus
@@ -31,8 +35,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax.linen import partitioning as nn_partitioning
+from flax.traverse_util import flatten_dict, unflatten_dict
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from specdec_t5x import cpu_kernel
 
 MESH_AXES = ("data", "model")
 
@@ -72,32 +81,29 @@ def make_mesh(mesh_shape: Sequence[int] = (1, -1), devices: Sequence[Any] | None
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
 
 
-def param_logical_axes(path: Sequence[str]) -> tuple[str | None, ...]:
-    """T5X logical axis names of the parameter at `path` (our/T5X parameter names).
+def logical_axes(module) -> dict[str, Any]:
+    """T5X logical axis names of every parameter, as `module` declares them (`params_axes`).
 
-    Raises:
-      ValueError: a parameter name this module does not know.
+    Args:
+      module: a `network.Transformer` (any config; nothing is allocated: `jax.eval_shape`).
+
+    Returns:
+      A nested dict shaped like the module's `params`, each leaf a tuple of logical axis names
+      (`('embed', 'mlp')`; scanned layers lead with 'layers').
     """
-    *parents, leaf = path
-    parent = parents[-1] if parents else ""
-    if leaf == "embedding":
-        return ("vocab", "embed")
-    if leaf == "rel_embedding":
-        return ("heads", "relpos_buckets")
-    if leaf == "scale":
-        return ("embed",)
-    if leaf == "kernel":
-        if parent in ("query", "key", "value"):
-            return ("embed", "joined_kv")
-        if parent == "out":
-            return ("joined_kv", "embed")
-        if parent.startswith("wi"):
-            return ("embed", "mlp")
-        if parent == "wo":
-            return ("mlp", "embed")
-        if parent == "logits_dense":
-            return ("embed", "vocab")
-    raise ValueError(f"no logical axes known for parameter {'/'.join(path)!r}.")
+    ones = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    variables = jax.eval_shape(
+        lambda e, d: module.init(jax.random.PRNGKey(0), e, d, d, enable_dropout=False), ones, ones
+    )
+    specs = flatten_dict(nn_partitioning.get_axis_names(variables["params_axes"]))
+    return unflatten_dict({path: tuple(spec) for path, spec in specs.items()})
+
+
+_UNSHARDED_LEAVES = (
+    cpu_kernel.PACKED_NAME,
+    cpu_kernel.SHORTLIST_INDEX_NAME,
+    cpu_kernel.SHORTLIST_KERNEL_NAME,
+)
 
 
 def logical_to_spec(
@@ -121,15 +127,30 @@ def _path_names(path) -> tuple[str, ...]:
     return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
-def param_shardings(params_or_shapes: Any, mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> Any:
-    """A `NamedSharding` for every parameter (arrays or `jax.ShapeDtypeStruct`s), same tree."""
+def param_shardings(params_or_shapes: Any, mesh: Mesh, module, rules=LOGICAL_AXIS_RULES) -> Any:
+    """A `NamedSharding` for every parameter (arrays or `jax.ShapeDtypeStruct`s), same tree.
+
+    Args:
+      params_or_shapes: a parameter tree of `module` (raw, or packed for the CPU kernel).
+      mesh: a ('data', 'model') mesh.
+      module: the `network.Transformer` the parameters belong to: its declared logical axes
+        (`logical_axes`) give each leaf's sharding.
+      rules: logical-to-mesh axis rules (T5X's `standard_logical_axis_rules` by default).
+
+    Raises:
+      ValueError: a parameter `module` does not declare (the message names it).
+    """
+    axes = flatten_dict(logical_axes(module))
 
     def sharding(path, leaf):
         names = _path_names(path)
-        axes = param_logical_axes(names)
-        if "layers" in names:  # T5Config(scan_layers=True): a leading, unsharded layer axis
-            axes = (None, *axes)
-        return NamedSharding(mesh, logical_to_spec(axes, leaf.shape, mesh, rules))
+        if names in axes:
+            return NamedSharding(mesh, logical_to_spec(axes[names], leaf.shape, mesh, rules))
+        if names[-1] in _UNSHARDED_LEAVES:
+            return NamedSharding(mesh, PartitionSpec())
+        raise ValueError(
+            f"parameter {'/'.join(names)!r} is not declared by {type(module).__name__}."
+        )
 
     return jax.tree_util.tree_map_with_path(sharding, params_or_shapes)
 
@@ -160,9 +181,10 @@ def batch_shardings(batch: Any, mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> Any:
     return jax.tree_util.tree_map(sharding, batch)
 
 
-def shard_params(params: Any, mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> Any:
-    """`params` placed on `mesh` by `param_shardings` (one leaf at a time)."""
-    return jax.tree_util.tree_map(jax.device_put, params, param_shardings(params, mesh, rules))
+def shard_params(params: Any, mesh: Mesh, module, rules=LOGICAL_AXIS_RULES) -> Any:
+    """`params` of `module` placed on `mesh` by `param_shardings` (one leaf at a time)."""
+    shardings = param_shardings(params, mesh, module, rules)
+    return jax.tree_util.tree_map(jax.device_put, params, shardings)
 
 
 def constrain_caches(decode_fn, mesh: Mesh, rules=LOGICAL_AXIS_RULES):
@@ -213,7 +235,7 @@ def predict_fn(
 
     def place(params, batch):
         return (
-            constrain(params, param_shardings(params, mesh, rules)),
+            constrain(params, param_shardings(params, mesh, model.module, rules)),
             constrain(batch, batch_shardings(batch, mesh, rules)),
         )
 
@@ -225,7 +247,8 @@ def predict_fn(
 
         def run(params, batch, rng, draft_params):
             params, batch = place(params, batch)
-            draft_params = constrain(draft_params, _draft_shardings(draft_params, mesh, rules))
+            shardings = _draft_shardings(model.draft, draft_params, mesh, rules)
+            draft_params = constrain(draft_params, shardings)
             return finish(
                 model.predict_batch_with_aux(
                     params, batch, rng, decoder_params=decoder_params, draft_params=draft_params
@@ -243,9 +266,10 @@ def predict_fn(
     return jax.jit(run)
 
 
-def _draft_shardings(draft_params: Any, mesh: Mesh, rules) -> Any:
-    """T5 draft parameters shard like the target's; other drafts (n-gram tables) replicate."""
-    try:
-        return param_shardings(draft_params, mesh, rules)
-    except ValueError:
-        return jax.tree_util.tree_map(lambda _: NamedSharding(mesh, PartitionSpec()), draft_params)
+def _draft_shardings(draft, draft_params: Any, mesh: Mesh, rules) -> Any:
+    """T5 draft parameters shard by their own network's axes, like the target's; other drafts
+    (n-gram tables, copy drafts) replicate."""
+    module = getattr(draft, "module", None)
+    if hasattr(module, "config"):
+        return param_shardings(draft_params, mesh, module, rules)
+    return jax.tree_util.tree_map(lambda _: NamedSharding(mesh, PartitionSpec()), draft_params)

@@ -64,6 +64,9 @@ class SpeculativeStats:
       num_generated: int32 [batch] tokens written by the loop (forced prompt excluded, EOS
         included); tokens per iteration = num_generated / num_iterations.
       num_proposed: int32 [batch] draft tokens proposed (γ per iteration; fewer with early exit).
+      log_prob: float32 [batch] Σ log p(token) of the generated tokens under the target's adjusted
+        distribution (temperature, top-k, top-p): T5X's `temperature_sample` score with
+        `rescale_log_probs=True` (0 in argmax mode, as T5X's greedy scores).
     """
 
     num_iterations: Array
@@ -74,6 +77,7 @@ class SpeculativeStats:
     num_beta: Array
     num_generated: Array
     num_proposed: Array
+    log_prob: Array
 
 
 @flax.struct.dataclass
@@ -190,6 +194,13 @@ def speculative_sample(
             tree=tree,
             tree_rule=tree_rule,
         )
+    if gamma is None:
+        raise ValueError(
+            "speculative decoding needs gamma (draft tokens per iteration, an int >= 1) or a "
+            "tree: pass decoder_params={'gamma': 5}, or bind speculative.speculative_sample.gamma "
+            "in gin (the GAMMA macro of gin/t5x/speculative.gin for T5X's infer.py and eval.py; "
+            "the eval job's GAMMA)."
+        )
     if not isinstance(gamma, int) or gamma < 1:
         hint = (
             " (γ = 'auto' is chosen outside jit: gamma_control.AutoGammaDecoder, or the eval job)"
@@ -250,6 +261,7 @@ def speculative_sample(
             num_beta=jnp.zeros((batch,), jnp.int32),
             num_generated=jnp.zeros((batch,), jnp.int32),
             num_proposed=jnp.zeros((batch,), jnp.int32),
+            log_prob=jnp.zeros((batch,), jnp.float32),
         ),
     )
     adjust = lambda logits: sampling.adjust_logits(logits, temperature, topk, topp)
@@ -323,6 +335,7 @@ def speculative_sample(
         else:
             p = jax.nn.softmax(adjust(target_logits), axis=-1)  # [b, γ + 1, V]
             verdict = accept_fn(verify_rng, drafts, q, p, num_drafts)
+            p_token = lambda tokens: jnp.take_along_axis(p, tokens[..., None], -1)[..., 0]
         n_accepted, extra, beta = verdict
 
         # 4. Emit d_1..d_{n_accepted}, t; cut at EOS and at the row's length limit.
@@ -333,6 +346,11 @@ def speculative_sample(
         first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), gamma + 1)
         num_new = jnp.minimum(jnp.minimum(n_accepted + 1, first_eos + 1), limit - (n - 1))
         num_new = jnp.where(active, num_new, 0)
+        if greedy:  # T5X's greedy score: the adjusted distribution is one-hot
+            log_prob = jnp.zeros((batch,), jnp.float32)
+        else:
+            log_p = jnp.log(p_token(new_tokens))  # [b, γ + 1]
+            log_prob = jnp.sum(jnp.where(slots < num_new[:, None], log_p, 0.0), axis=1)
 
         def write(row_buffer, row_new, start, count):
             window = jax.lax.dynamic_slice(row_buffer, (start,), (gamma + 1,))
@@ -357,6 +375,7 @@ def speculative_sample(
             num_beta=s.num_beta + tested,
             num_generated=s.num_generated + num_new,
             num_proposed=s.num_proposed + jnp.where(active, num_drafts, 0),
+            log_prob=s.log_prob + log_prob,
         )
         return _LoopState(
             buffer=buffer,

@@ -42,6 +42,7 @@ def chain_stats(alpha=ALPHA, num_beta=10):
         num_beta=jnp.array([num_beta]),
         num_generated=jnp.zeros((1,), jnp.int32),
         num_proposed=jnp.zeros((1,), jnp.int32),
+        log_prob=jnp.zeros((1,), jnp.float32),
     )
 
 
@@ -203,6 +204,7 @@ def test_summarise_auto_names_the_trees_and_takes_alpha_from_chains_only():
         num_beta=np.array([6]),
         num_generated=np.array([10]),
         num_proposed=np.array([8]),
+        log_prob=np.array([0.0]),
     )
     trees = tree.TreeStats(
         num_iterations=np.array([2]),

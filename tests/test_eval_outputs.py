@@ -258,6 +258,7 @@ def test_statistics_round_trip_through_the_records_file():
         np.ones((2, 4), np.int32),
         np.array([0.5, 0.25], np.float32),
         *(np.arange(2, dtype=np.int32) for _ in range(3)),
+        np.array([-1.5, 0.0], np.float32),
     )
     back = outputs.decode_stats(json.loads(json.dumps(outputs.encode_stats(stats))))
     assert type(back) is speculative.SpeculativeStats

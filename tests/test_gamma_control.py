@@ -60,6 +60,7 @@ def test_controller_probes_then_learns_alpha_from_beta():
         num_beta=jnp.array([10, 10]),
         num_generated=jnp.zeros((2,), jnp.int32),
         num_proposed=jnp.zeros((2,), jnp.int32),
+        log_prob=jnp.zeros((2,), jnp.float32),
     )
     controller.update(stats)
     assert controller.alpha == pytest.approx(0.15)
@@ -87,6 +88,7 @@ def test_two_unlucky_first_calls_do_not_switch_a_paying_pair_off():
         num_beta=jnp.array([10]),
         num_generated=jnp.zeros((1,), jnp.int32),
         num_proposed=jnp.zeros((1,), jnp.int32),
+        log_prob=jnp.zeros((1,), jnp.float32),
     )
     for _ in range(2):
         controller.update(low)
@@ -227,6 +229,7 @@ def test_summarise_auto_reports_off_and_the_choices():
         num_beta=np.array([6]),
         num_generated=np.array([10]),
         num_proposed=np.array([8]),
+        log_prob=np.array([0.0]),
     )
     on = auto_gamma.summarise_auto([1.0, 1.0], [0.5, 1.0], [stats, None], [2, 0], [None, 1.0])
     assert on["alpha_display"] == "0.50" and on["tokens_per_iteration"] == 2.5
@@ -360,6 +363,7 @@ def _stats(alpha, num_beta=10):
         num_beta=jnp.array([num_beta]),
         num_generated=jnp.zeros((1,), jnp.int32),
         num_proposed=jnp.zeros((1,), jnp.int32),
+        log_prob=jnp.zeros((1,), jnp.float32),
     )
 
 
@@ -575,6 +579,7 @@ def test_a_break_even_prediction_does_not_switch_speculation_on():
         num_beta=jnp.array([10]),
         num_generated=jnp.zeros((1,), jnp.int32),
         num_proposed=jnp.zeros((1,), jnp.int32),
+        log_prob=jnp.zeros((1,), jnp.float32),
     )
     controller.update(one_call)
     assert max(controller.predictions(controller.optimistic_alpha).values()) > 1.04

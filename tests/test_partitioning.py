@@ -20,9 +20,11 @@ TESTS = pathlib.Path(__file__).resolve().parent
 
 
 def test_param_specs_follow_t5x_rules():
-    params = init_params(network.Transformer(tiny_config()), 0)
+    module = network.Transformer(tiny_config())
+    params = init_params(module, 0)
     mesh = AbstractMesh((1, 4), partitioning.MESH_AXES)
-    specs = jax.tree_util.tree_map(lambda s: s.spec, partitioning.param_shardings(params, mesh))
+    shardings = partitioning.param_shardings(params, mesh, module)
+    specs = jax.tree_util.tree_map(lambda s: s.spec, shardings)
     layer = specs["decoder"]["layers_1"]
     for name in ("query", "key", "value"):
         assert layer["self_attention"][name]["kernel"] == P(None, "model")  # [embed, joined_kv]
@@ -41,8 +43,10 @@ def test_undivisible_axes_stay_replicated_and_unknown_names_fail():
     assert partitioning.logical_to_spec(("embed", "joined_kv"), (8, 12), mesh) == P(None, None)
     assert partitioning.logical_to_spec(("embed", "joined_kv"), (8, 16), mesh) == P(None, "model")
     assert partitioning.logical_to_spec(("batch", "length"), (3, 5), mesh) == P(None, None)
+    module = network.Transformer(tiny_config())
+    params = {"encoder": {"mystery": {"kernel": jax.ShapeDtypeStruct((8, 16), np.float32)}}}
     with pytest.raises(ValueError, match="encoder/mystery/kernel"):
-        partitioning.param_logical_axes(("encoder", "mystery", "kernel"))
+        partitioning.param_shardings(params, mesh, module)
 
 
 def test_cache_specs_batch_on_data_heads_on_model():
@@ -84,7 +88,7 @@ def test_xxl_run_file_shards_every_kernel_over_8_devices():
         gin.clear_config(clear_constants=True)
     shapes = checkpoints.param_shapes(module)
     mesh = AbstractMesh((1, 8), partitioning.MESH_AXES)
-    shardings = partitioning.param_shardings(shapes, mesh)
+    shardings = partitioning.param_shardings(shapes, mesh, module)
     per_device = 0
     for (path, shape), sharding in zip(
         jax.tree_util.tree_flatten_with_path(shapes)[0],
@@ -119,7 +123,7 @@ batch = {
 rng = jax.random.PRNGKey(3)
 mesh = partitioning.make_mesh((2, 4))
 
-sharded = partitioning.shard_params(params, mesh)
+sharded = partitioning.shard_params(params, mesh, module)
 kernel = sharded["decoder"]["layers_0"]["self_attention"]["query"]["kernel"]  # [8, 12]
 wo = sharded["encoder"]["layers_1"]["mlp"]["wo"]["kernel"]  # [16, 8]
 out["query_spec"] = str(kernel.sharding.spec)
@@ -137,7 +141,7 @@ out["tokens"] = np.asarray(got).tolist()
 out["decodes_spec"] = str(got.sharding.spec)
 settings = {"temperature": 0.0, "gamma": 3}
 got = partitioning.predict_fn(spec_model, mesh, settings)(
-    sharded, batch, rng, partitioning.shard_params(draft_params, mesh)
+    sharded, batch, rng, partitioning.shard_params(draft_params, mesh, draft_module)
 )[0]
 out["speculative_equal"] = bool(np.array_equal(want, got))
 

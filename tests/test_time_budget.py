@@ -98,6 +98,7 @@ def test_per_call_counts_take_the_longest_row_of_each_call():
         num_beta=np.int32(0),
         num_generated=np.int32(gen),
         num_proposed=np.int32(0),
+        log_prob=np.float32(0.0),
     )
     eos = 1
     runs = {
