@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 import gin
 
-GIN_DIR = pathlib.Path(__file__).resolve().parent / "gin"  # shipped in the package; ./gin links here
+# Shipped in the package (setup.py package_data); the repository's ./gin links here.
+GIN_DIR = pathlib.Path(__file__).resolve().parent / "gin"
 
 
 def search_path() -> str:
