@@ -53,7 +53,8 @@ def git_commit(repo: str | os.PathLike = REPO) -> str:
 
 
 def hardware_info() -> dict[str, Any]:
-    """CPU model (lscpu), core count, JAX devices and version, platform, load average now."""
+    """CPU model (lscpu), core count, SIMD flags exposed and the CPU kernel's path
+    (`cpu_identity`), JAX devices and version, platform, load average now."""
     import jax  # here, so the corpus builder can record provenance without importing JAX eagerly
 
     cpu = platform.processor() or "unknown"
@@ -63,14 +64,58 @@ def hardware_info() -> dict[str, Any]:
                 cpu = line.split(":", 1)[1].strip()
     except OSError:
         pass
+    identity = cpu_identity()
     return {
         "cpu_model": cpu,
         "nproc": os.cpu_count(),
+        "simd": identity["simd"],
+        "kernel_path": identity["kernel_path"],
         "jax_devices": [str(d) for d in jax.devices()],
         "jax_version": jax.__version__,
         "python_version": platform.python_version(),
         "platform": platform.platform(),
         "load_average": list(os.getloadavg()),  # other work on the machine skews timings
+    }
+
+
+SIMD_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile")
+
+
+def cpu_identity() -> dict[str, Any]:
+    """Which CPU and which kernel path a result ran on (/proc/cpuinfo; `cpu_kernel.kernel_path`).
+
+    Returns:
+      {'vendor', 'model_name', 'family', 'model', 'stepping' (the CPU's numbers, e.g. family 25
+      model 17 for AMD Zen 4), 'simd': the SIMD flags the machine exposes (of `SIMD_FLAGS`; a
+      hypervisor may mask AVX-512 on a CPU that has it), 'kernel_path': the CPU kernel's code path
+      ('avx512f', 'avx2+fma', 'portable', or 'off (why)')}. Fields /proc/cpuinfo lacks are None.
+    """
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = set(fields.get("flags", "").split())
+    try:
+        from specdec_t5x import cpu_kernel
+
+        path = cpu_kernel.kernel_path()
+    except Exception as err:  # noqa: BLE001 - provenance never fails a run
+        path = f"unknown ({type(err).__name__})"
+    number = lambda key: int(fields[key]) if fields.get(key, "").isdigit() else None  # noqa: E731
+    return {
+        "vendor": fields.get("vendor_id"),
+        "model_name": fields.get("model name") or platform.processor() or None,
+        "family": number("cpu family"),
+        "model": number("model"),
+        "stepping": number("stepping"),
+        "simd": " ".join(f for f in SIMD_FLAGS if f in flags),
+        "kernel_path": path,
     }
 
 
@@ -92,11 +137,13 @@ def cpu_details() -> dict[str, Any]:
 
 
 def hardware_description(hw: dict[str, Any] | None = None) -> str:
-    """One line: CPU model, cores, JAX version and devices, load average (of `hardware_info()`)."""
+    """One line: CPU model, cores, kernel path, JAX version and devices, load average (of
+    `hardware_info()`; the kernel path and SIMD flags when the record has them)."""
     hw = hardware_info() if hw is None else hw
     load = ", ".join(f"{x:.1f}" for x in hw.get("load_average", []))
+    path = f"; kernel path {hw['kernel_path']} (simd: {hw['simd']})" if "kernel_path" in hw else ""
     return (
-        f"{hw['cpu_model']} ({hw['nproc']} cores); jax {hw['jax_version']} "
+        f"{hw['cpu_model']} ({hw['nproc']} cores){path}; jax {hw['jax_version']} "
         f"{', '.join(hw['jax_devices'])}; load average {load}"
     )
 
@@ -107,11 +154,13 @@ def utc_date() -> str:
 
 
 def record(command: str, repo: str | os.PathLike = REPO) -> dict[str, Any]:
-    """{'command', 'commit', 'hardware' (a `hardware_info()` dict), 'date'} for a result file."""
+    """{'command', 'commit', 'hardware' (a `hardware_info()` dict), 'cpu' (`cpu_identity()`),
+    'date', 'switches'} for a result file."""
     return {
         "command": command,
         "commit": git_commit(repo),
         "hardware": hardware_info(),
+        "cpu": cpu_identity(),
         "date": utc_date(),
         "switches": switches(),
     }
@@ -164,6 +213,7 @@ SWITCHES = {
     "SPECDEC_CPU_ATTENTION": "fused CPU attention kernel (with the matmul kernel)",
     "SPECDEC_CPU_KERNEL_SETUP": "CPU kernel for the set-up projections (encoder, cross K/V)",
     "SPECDEC_ENCODER_BUCKETS": "encoder run at 32-token length buckets",
+    "SPECDEC_CPU_ISA": "CPU kernel code path forced (unset: the detected one)",
 }
 
 
@@ -172,6 +222,9 @@ def switches() -> dict[str, str]:
     out = {}
     for name in SWITCHES:
         value = os.environ.get(name)
+        if name == "SPECDEC_CPU_ISA":
+            out[name] = value or "detected"
+            continue
         out[name] = "on" if value in (None, "", "1") else ("off" if value == "0" else value)
     return out
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import init_params, perturbed, tiny_config, tiny_spec_pair
 
-from specdec_t5x import gin_utils, models, network, sampling, speculative, theory, vocab
+from specdec_t5x import cpu_kernel, gin_utils, models, network, sampling, speculative, theory, vocab
 from specdec_t5x import inputs as inputs_lib
 from specdec_t5x import metrics as metrics_lib
 from specdec_t5x.eval import checks, config, job, summary, tables
@@ -99,6 +99,10 @@ def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, 
     for key in REQUIRED_KEYS:
         assert key in written, key
     assert written["num_examples"] == 3
+    # Which CPU and kernel path produced the timings (never merged across paths).
+    assert {"family", "model", "simd", "kernel_path"} <= set(grouped["provenance"]["cpu"])
+    assert grouped["provenance"]["cpu"]["kernel_path"] == cpu_kernel.kernel_path()
+    assert "kernel path" in written["hardware"]
     assert set(written["quality"]) == {"baseline", "speculative"}
     assert "bleu" in written["quality"]["baseline"]
     assert written["compilations_during_timing"] == 0  # timing excludes compilation

@@ -45,3 +45,31 @@ def test_write_results_records_command_commit_hardware_date(tmp_path):
     assert (tmp_path / "r.md").read_text() == "x=1\n"
     line = provenance.hardware_description(result["hardware"])
     assert f"({result['hardware']['nproc']} cores)" in line
+
+
+def test_cpu_identity_names_the_kernel_path_and_the_exposed_simd_flags(monkeypatch):
+    from specdec_t5x import cpu_kernel
+
+    identity = provenance.cpu_identity()
+    assert identity["kernel_path"] == cpu_kernel.kernel_path()
+    flags = open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0].split()
+    assert ("avx2" in identity["simd"].split()) == ("avx2" in flags)
+    assert ("avx512f" in identity["simd"].split()) == ("avx512f" in flags)
+    assert isinstance(identity["family"], int) and isinstance(identity["model"], int)
+    monkeypatch.setenv(cpu_kernel.ENV_VAR, "0")
+    assert provenance.cpu_identity()["kernel_path"] == f"off ({cpu_kernel.ENV_VAR}=0)"
+    record = provenance.record("python x.py")
+    assert record["cpu"]["kernel_path"].startswith("off") and "kernel path" in (
+        provenance.hardware_description(record["hardware"])
+    )
+
+
+def test_medians_never_merge_kernel_paths():
+    import pytest
+
+    from specdec_t5x.eval import tables
+
+    base = {"task": "t", "draft": "d", "temperature": 0.0, "gamma": 2, "speedup": 1.0}
+    runs = [{**base, "cpu": {"kernel_path": p}} for p in ("avx512f", "avx2+fma")]
+    with pytest.raises(ValueError, match="kernel paths"):
+        tables.median_row(runs)

@@ -23,6 +23,9 @@ ENV_VAR = "SPECDEC_CPU_KERNEL"  # "0" turns the kernel off
 ATTENTION_ENV_VAR = "SPECDEC_CPU_ATTENTION"  # "0" keeps XLA's attention with packed weights (A/B)
 # "0" leaves the set-up projections (encoder, cross-attention K/V) on jnp.dot when packing (A/B).
 SETUP_ENV_VAR = "SPECDEC_CPU_KERNEL_SETUP"
+# A code path to force for the whole process ('avx2+fma', 'portable'; read when the extension
+# loads): runs the AVX2 path on an AVX-512 machine for A/B timing; unset: the detected path.
+ISA_ENV_VAR = "SPECDEC_CPU_ISA"
 MATMUL_TARGET = "specdec_matmul"  # FFI target names, as the custom calls appear in HLO
 PACK_TARGET = "specdec_pack"
 ATTENTION_TARGET = "specdec_attention"
@@ -74,8 +77,21 @@ def library() -> ctypes.CDLL | None:
                 (ATTENTION_TARGET, lib.SpecdecAttention),
             ):
                 jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
+            forced = os.environ.get(ISA_ENV_VAR, "").strip()
+            if forced and not lib.SpecdecMatmulForceIsa(_ISAS.get(forced, 99)):
+                raise RuntimeError(
+                    f"{ISA_ENV_VAR}={forced!r}: not a code path this CPU runs (this CPU's: "
+                    f"{lib.SpecdecMatmulIsa().decode()}; expected one of {sorted(_ISAS)} up to it)."
+                )
             return lib
     return None
+
+
+def kernel_path() -> str:
+    """The CPU kernel's code path decoding would take now: 'avx512f', 'avx2+fma', 'portable' (forced
+    or detected), or 'off (<why>)' (`disabled_reason`). Recorded with every result."""
+    reason = disabled_reason()
+    return f"off ({reason})" if reason else str(isa())
 
 
 def available() -> bool:

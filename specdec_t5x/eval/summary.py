@@ -362,7 +362,7 @@ GROUPS = {
         "weight_flips",
         "compilations_during_timing",
     ),
-    "provenance": ("command", "commit", "hardware", "date", "switches", "resumed"),
+    "provenance": ("command", "commit", "hardware", "cpu", "date", "switches", "resumed"),
 }
 NESTED = ("quality", "gamma_sweep", "tree_sweep", "auto", "diagnostics")  # kept as they are
 _GROUP_OF = {key: group for group, keys in GROUPS.items() for key in keys}

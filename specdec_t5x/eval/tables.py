@@ -405,6 +405,12 @@ MEDIAN_HEADLINE_HEADER = (
 )
 
 
+def kernel_path(flat_record: dict[str, Any]) -> str:
+    """The CPU kernel path a run's record names (`provenance.cpu_identity`); 'unrecorded' for
+    records written before it was recorded. Runs of different paths never share a median."""
+    return (flat_record.get("cpu") or {}).get("kernel_path") or "unrecorded"
+
+
 def median_row(records: Sequence[dict[str, Any]], target: str = "", headline: bool = False) -> str:
     """One `MEDIAN_HEADER` row of repeated runs of one configuration: the median speed with the
     range over runs, and the median of every other column (a degenerate run's costs excluded).
@@ -415,14 +421,19 @@ def median_row(records: Sequence[dict[str, Any]], target: str = "", headline: bo
       headline: the README's columns (`MEDIAN_HEADLINE_HEADER`), not `MEDIAN_HEADER`'s.
 
     Raises:
-      ValueError: no records, or records of different tasks, drafts, temperatures or γ.
+      ValueError: no records, or records of different tasks, drafts, temperatures, γ or CPU
+        kernel paths.
     """
     flats = [summary.flat(m) for m in records]
     if not flats:
         raise ValueError("median_row needs at least one record.")
-    keys = {(m["task"], m["draft"], m["temperature"], str(m["gamma"])) for m in flats}
+    keys = {
+        (m["task"], m["draft"], m["temperature"], str(m["gamma"]), kernel_path(m)) for m in flats
+    }
     if len(keys) > 1:
-        raise ValueError(f"median_row got runs of different configurations: {sorted(keys)}.")
+        raise ValueError(
+            f"median_row got runs of different configurations or kernel paths: {sorted(keys)}."
+        )
     med = lambda xs: None if not xs else float(np.median(xs))  # noqa: E731
     sound = [m for m in flats if not degenerate(m)]
     speeds = [m["speedup"] for m in flats]
@@ -497,15 +508,17 @@ def sweep_median_rows(records: Sequence[dict[str, Any]], target: str = "") -> li
       target: the target's label (e.g. 'T5 1.1 base shape').
 
     Raises:
-      ValueError: no records, records of different tasks, drafts or temperatures, or a run
-        without chains.
+      ValueError: no records, records of different tasks, drafts, temperatures or CPU kernel
+        paths, or a run without chains.
     """
     flats = [summary.flat(m) for m in records]
     if not flats:
         raise ValueError("sweep_median_rows needs at least one record.")
-    keys = {(m["task"], m["draft"], m["temperature"]) for m in flats}
+    keys = {(m["task"], m["draft"], m["temperature"], kernel_path(m)) for m in flats}
     if len(keys) > 1:
-        raise ValueError(f"sweep_median_rows got runs of different configurations: {keys}.")
+        raise ValueError(
+            f"sweep_median_rows got runs of different configurations or kernel paths: {keys}."
+        )
     runs = [_sweep_entries(m) for m in flats]
     fastest = []
     for entries in runs:
