@@ -33,3 +33,20 @@ print("README-OK")
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "README-OK" in out.stdout
+
+
+def test_t5x_lines_are_the_lines_the_t5x_binaries_ran():
+    """The README's lines for T5X's binaries are those of the recorded run (experiments/
+    t5x_binaries/gin), the draft checkpoint's path aside; the files they include ship."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Under T5X's own infer.py and eval.py") :]
+    shown = re.search(r"```gin\n(.*?)```", section, re.S).group(1).strip().splitlines()
+    key = lambda line: line.split("=")[0].strip() if line.startswith("DRAFT_CHECKPOINT") else line  # noqa: E731
+    for name in ("speculative_infer.gin", "speculative_eval.gin"):
+        lines = (ROOT / "experiments" / "t5x_binaries" / "gin" / name).read_text().splitlines()
+        used = [line for line in lines if line.strip() and not line.startswith("#")]
+        used = [line for line in used if not line.startswith("include 'baseline_")]
+        assert [key(line) for line in shown] == [key(line) for line in used], name
+    for line in shown:
+        if line.startswith("include "):
+            assert (ROOT / "specdec_t5x" / line.split("'")[1]).is_file(), line
