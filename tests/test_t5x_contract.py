@@ -416,3 +416,22 @@ def test_gin_files_ship_inside_the_package():
     assert root == pathlib.Path(network.__file__).parent
     text = textwrap.dedent((TESTS.parent / "setup.py").read_text())
     assert '"gin/*/*.gin"' in text
+
+
+def test_t5x_draft_shape_file_is_the_shipped_draft(t5x_stand_ins, tmp_path):
+    """gin/t5x/embedded_ende_draft.gin gives the draft the shape of the shipped draft (the project's
+    gin/models/embedded_ende_draft.gin), so the shipped draft's T5X export restores into it."""
+    user = tmp_path / "user_model.gin"
+    user.write_text(USER_MODEL_GIN.replace("vocab_size = 32", "vocab_size = 8192"))
+    run = tmp_path / "user_infer.gin"
+    run.write_text(
+        f"include '{user}'\ninclude 'gin/t5x/speculative.gin'\n"
+        "include 'gin/t5x/embedded_ende_draft.gin'\nDRAFT_CHECKPOINT = '/unused'\n"
+    )
+    gin_utils.parse([str(run)], ["gin_utils.build.obj = %MODEL"], finalize=False)
+    t5x_shape = gin_utils.build().draft.module.config
+    gin.clear_config(clear_constants=True)
+    gin_utils.parse(
+        ["models/embedded_ende_draft.gin"], ["gin_utils.build.obj = %DRAFT_MODULE"], finalize=False
+    )
+    assert t5x_shape == gin_utils.build().config
