@@ -57,11 +57,13 @@ def _record(**costs_overrides):
 @pytest.mark.parametrize(
     "overrides, reason",
     [
-        ({"c": 123029.53}, "c = 1.23e+05 outside [0, 2]"),
+        ({"c": 123029.53}, "c = 1.23e+05 outside [0, 1)"),
+        ({"c": 1.0}, "c = 1 outside [0, 1)"),
         ({"verify_cost_ratio": 539579.83}, "verify/step = 5.396e+05 outside [0.5, 4]"),
         ({"target_step_ms": 1e-6}, "non-positive slope"),
-        ({"verify_capped": True, "verify_only_ms": 2.0}, "verify call capped"),
-        ({"c": float("nan")}, "c = nan outside [0, 2]"),
+        ({"verify_capped": True, "verify_only_ms": 2.0}, "verify call dearer than its iteration"),
+        ({"interference_ms": -0.2}, "interference -0.2 ms < 0 (beyond noise"),
+        ({"c": float("nan")}, "c = nan outside [0, 1)"),
     ],
 )
 def test_a_degenerate_cost_measurement_is_flagged_not_printed(overrides, reason):
@@ -83,6 +85,38 @@ def test_a_sound_cost_measurement_prints_its_numbers():
     )
     row = tables.table_row(record)
     assert "n/a" not in row and "| 0.200 | 1.20 | 1.70 | 1.10X | 1.30X | 1.00 |" in row
+
+
+# The step timer's costs (`--quick`, LOOP_COSTS=False) of a run at load 5-15 that printed
+# c = 0.000: the draft step at the timer's floor, the verify call dearer than its whole iteration
+# (T(1) and verify/step as such a run reads them; the rest as recorded).
+QUICK_AT_LOAD = {
+    "target_step_ms": 6.9,
+    "draft_step_ms": 1e-06,
+    "verify_step_ms": 8.33,
+    "iteration_ms": 5.90,
+    "interference_ms": -2e-06,
+    "c": 0.0,
+    "c_alone": 1e-06 / 6.9,
+    "verify_cost_ratio": 1.21,
+}
+
+
+def test_the_step_timer_path_flags_the_recorded_degenerate_case(capsys):
+    record = {**_record(), "step_costs": QUICK_AT_LOAD, "c_alone": QUICK_AT_LOAD["c_alone"]}
+    record.update(c_measured=0.0, verify_cost_ratio=1.21)
+    reasons = costs.degenerate(QUICK_AT_LOAD, 2)
+    assert any("draft step not resolved (1e-06 ms alone" in r for r in reasons), reasons
+    assert "verify call dearer than its iteration (8.33 > 5.9 ms)" in reasons
+    assert not any("interference" in r for r in reasons)  # -2e-06 ms is within noise
+    cli.print_results(record, "/tmp/out")
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ddtp_ende")]
+    cells = line.strip("| ").split(" | ")
+    assert cells[5].startswith("n/a (degenerate: draft step not resolved")
+    assert "0.000" not in line and cells[6] == "n/a" and cells[9] == "n/a"
+    # The same timings with the verify call inside its iteration and a resolved draft: sound.
+    sound = {**QUICK_AT_LOAD, "draft_step_ms": 0.03, "verify_step_ms": 5.7, "c": 0.014}
+    assert costs.degenerate(sound, 2) == []
 
 
 def test_old_flat_records_render_and_t1_speedups_name_their_baseline():

@@ -147,6 +147,12 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     outputs.write_atomic(
         os.path.join(out_dir, provenance.OPERATIVE_CONFIG), gin_utils.operative_config()
     )
+    print_results(metrics, out_dir)
+    return metrics
+
+
+def print_results(metrics: dict, out_dir: str) -> None:
+    """The console's summary of a run: its table rows (`tables.rows`), speed-up, where it went."""
     flat = summary.flat(metrics)
     print(tables.TABLE_HEADER)
     print("\n".join(tables.rows(metrics)))
@@ -159,7 +165,6 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
             f"{flips['max_float32_logit_gap']}); details: metrics.json 'exactness'"
         )
     print(f"results: {out_dir}")
-    return metrics
 
 
 def run(argv: Sequence[str] | None = None) -> None:
