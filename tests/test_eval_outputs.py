@@ -12,6 +12,7 @@ import pytest
 from conftest import tiny_spec_pair
 from test_eval import _evaluate_tiny
 
+from specdec_t5x import provenance
 from specdec_t5x.eval import cli, costs, job, outputs, summary, tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -127,6 +128,38 @@ def test_old_flat_records_render_and_t1_speedups_name_their_baseline():
     assert "1.10X (vs T5X sampler 1.40X)" in tables.table_row(fair)
     grouped = summary.group(old)
     assert summary.flat(grouped)["speedup"] == 1.1 and len(grouped) <= 25
+
+
+# ---------------------------------------------------------------------------------------------
+# A busy machine.
+
+
+def test_a_run_timed_on_a_busy_machine_says_so_on_the_console_and_in_its_row(
+    tiny_pair, data_dir, tmp_path, monkeypatch, caplog, capsys
+):
+    cores = os.cpu_count()
+    load = 2.5 * cores + 0.2
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, 1.0, 1.0))
+    out = tmp_path / "out"
+    kwargs = dict(gamma=2, temperature=0.0, num_examples=2, cost_repeats=2, loop_costs=False)
+    with caplog.at_level("WARNING", logger="specdec_t5x.eval.job"):
+        metrics = _evaluate_tiny(tiny_pair, out, **kwargs)
+    note = f"⚠ busy (load {load:.1f} on {cores} cores)"
+    warnings = [r.getMessage() for r in caplog.records if "busy machine" in r.getMessage()]
+    assert warnings == [
+        f"busy machine: load average {load:.1f} on {cores} cores while timing: other work "
+        "shared the CPU, so the speed-up and c may not hold on a quiet machine."
+    ]
+    written = json.loads((out / "metrics.json").read_text())["speed"]["busy_machine"]
+    assert written == {"busy": True, "load": load, "cores": cores, "load_samples": [load, load]}
+    assert note in (out / "table_row.md").read_text()
+    cli.print_results(summary.group(metrics), str(out))
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ddtp_ende")]
+    assert note in line
+    # Repeated runs count the busy ones; a quiet machine prints no note.
+    quiet = {**metrics, "busy_machine": provenance.busy_machine([0.5 * cores], cores)}
+    assert "⚠ busy (1 of 2 runs)" in tables.median_row([metrics, quiet])
+    assert "busy" not in tables.table_row(quiet) and not quiet["busy_machine"]["busy"]
 
 
 # ---------------------------------------------------------------------------------------------
