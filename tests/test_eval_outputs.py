@@ -251,6 +251,77 @@ def test_help_lists_the_flags_and_macros(capsys):
     assert cli.parse_flags(["--gin_file=x.gin", "--quick"])[0] == ["x.gin", cli.QUICK_GIN]
 
 
+@pytest.fixture
+def compilation_cache_config():
+    """JAX's persistent-cache settings, restored (and the cache reset) after the test."""
+    import jax
+
+    names = (
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
+    saved = {name: getattr(jax.config, name) for name in names}
+    yield
+    for name, value in saved.items():
+        jax.config.update(name, value)
+    cli.use_compilation_cache(saved["jax_compilation_cache_dir"])
+
+
+def test_the_command_line_caches_compiled_programs_by_default_and_the_library_never_does(
+    tmp_path, monkeypatch, compilation_cache_config
+):
+    import jax
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv(cli.CACHE_ENV_VAR, raising=False)
+    jax.config.update("jax_compilation_cache_dir", None)  # no JAX_COMPILATION_CACHE_DIR
+    default = str(tmp_path / ".cache" / "specdec_t5x" / "jax_cache")
+    assert cli.compilation_cache_dir() == default  # beside the corpus's ~/.cache/specdec_t5x/data
+    assert cli.compilation_cache_dir("/elsewhere") == "/elsewhere"
+    assert cli.compilation_cache_dir("/elsewhere", off=True) is None
+    monkeypatch.setenv(cli.CACHE_ENV_VAR, "~/moved")
+    assert cli.compilation_cache_dir() == str(tmp_path / "moved")
+    monkeypatch.setenv(cli.CACHE_ENV_VAR, "0")
+    assert cli.compilation_cache_dir() is None and cli.compilation_cache_dir("/d") == "/d"
+    # The job sets it before any JAX work; every program is kept, however fast it compiled.
+    with pytest.raises(FileNotFoundError):
+        cli.main(["--gin_file=no_such.gin", f"--compilation_cache_dir={tmp_path / 'c'}"])
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "c")
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+    with pytest.raises(ValueError, match="unknown argument '--compilation_cache'"):
+        cli.parse_flags(["--gin_file=x.gin", "--compilation_cache"])
+    # Library code never sets it: only the command-line module names JAX's setting.
+    setters = sorted(
+        str(f.relative_to(ROOT))
+        for f in (ROOT / "specdec_t5x").rglob("*.py")
+        if "jax_compilation_cache_dir" in f.read_text()
+    )
+    assert setters == ["specdec_t5x/eval/cli.py"]
+
+
+def test_a_second_process_loads_even_a_fast_compiling_program_from_the_cache(tmp_path):
+    program = (
+        "import sys, jax; from specdec_t5x.eval import cli; "
+        "cli.use_compilation_cache(sys.argv[1]); hits = []; "
+        "jax.monitoring.register_event_listener(lambda e, **k: hits.append(e)); "
+        "jax.jit(lambda x: x * 3 + 1)(2.0).block_until_ready(); "
+        "print('hits', hits.count('/jax/compilation_cache/cache_hits'))"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", program, str(tmp_path)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        for _ in range(2)
+    ]
+    assert [r.stdout.split()[-2:] for r in runs] == [["hits", "0"], ["hits", "1"]], runs
+    assert any(tmp_path.iterdir())  # a program that compiled in well under JAX's 1 s default
+
+
 def _argv(out: pathlib.Path, *flags: str) -> list[str]:
     return [
         sys.executable,
