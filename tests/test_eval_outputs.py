@@ -251,6 +251,33 @@ def test_help_lists_the_flags_and_macros(capsys):
     assert cli.parse_flags(["--gin_file=x.gin", "--quick"])[0] == ["x.gin", cli.QUICK_GIN]
 
 
+def test_an_error_is_one_line_naming_the_bad_value_and_verbose_adds_the_traceback(
+    capsys, clean_gin
+):
+    import gin
+
+    argv = ["--gin_file=gin/experiments/embedded_ende_model_t0.gin", "--gin.NUM_EXAMPLES=0"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.run([*argv, "--gin.EVAL_OUTPUT_DIR='/nonexistent/out'"])
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last == "error: num_examples (gin: NUM_EXAMPLES) must be an int >= 1; got 0."
+    assert "Traceback" not in err and "In call to configurable" not in err
+    gin.clear_config(clear_constants=True)  # a process runs the job once; this test, twice
+    with pytest.raises(SystemExit):
+        cli.run([*argv, "--gin.EVAL_OUTPUT_DIR='/nonexistent/out'", "--verbose"])
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.strip().splitlines()[-1] == last
+    with pytest.raises(SystemExit):
+        cli.run(["--gin_file=gin/experiments/no_such.gin"])
+    assert capsys.readouterr().err.startswith("error: gin file 'gin/experiments/no_such.gin'")
+    # A surprise (not the project's own ValueError / OSError) names its type and --verbose.
+    assert cli.error_line(KeyError("gamma")) == (
+        "error: KeyError: 'gamma' (--verbose prints the traceback)"
+    )
+
+
 @pytest.fixture
 def compilation_cache_config():
     """JAX's persistent-cache settings, restored (and the cache reset) after the test."""

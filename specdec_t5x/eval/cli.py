@@ -3,12 +3,13 @@
 T5X-style flags: `--gin_file` (repeatable; paths or names relative to the repository, e.g.
 `gin/experiments/embedded_ende_model_t0.gin`) and `--gin.KEY=VALUE` bindings (e.g.
 `--gin.NUM_EXAMPLES=20`, `--gin.EVAL_OUTPUT_DIR="'/tmp/out'"`), plus `--quick`, `--overwrite`,
-`--resume`, the compilation cache's flags and `--help` (`USAGE`). Runs
+`--resume`, `--verbose`, the compilation cache's flags and `--help` (`USAGE`). Runs
 `job.evaluate` as bound by `gin/runs/eval.gin`, saves the operative config with the results and
 prints the table row. Several processes (`multihost`): add T5X's
 `--coordinator_address=HOST:PORT --process_count=N --process_index=I` (or `--multiprocess` where
 `jax.distributed` detects them). Ctrl-C stops after the call in progress with exit status 130,
-the finished examples on disk (`--resume` continues them).
+the finished examples on disk (`--resume` continues them). An error prints one line,
+`error: ...` (exit status 1; `--verbose` adds the traceback).
 
 JAX's persistent compilation cache is on for the command-line tools (library code never sets
 it): compiled programs are kept in `~/.cache/specdec_t5x/jax_cache` (beside the corpus,
@@ -23,7 +24,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 
 import gin
 import jax
@@ -34,7 +36,7 @@ from specdec_t5x.eval import job, outputs, summary, tables
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (imported by seqio) is chatty
 
 USAGE = """usage: python -m specdec_t5x.eval --gin_file=FILE [--gin_file=...] [--gin.KEY=VALUE ...]
-                                  [--quick] [--overwrite] [--resume]
+                                  [--quick] [--overwrite] [--resume] [--verbose]
                                   [--compilation_cache_dir=DIR | --no_compilation_cache]
 
 The main job: baseline vs speculative decoding of a seqio task split, timed side by side.
@@ -45,6 +47,7 @@ flags:
   --quick             a smoke run: gin/runs/quick.gin (10 examples, step-timer costs, 10 repeats)
   --overwrite         replace another run's outputs in EVAL_OUTPUT_DIR
   --resume            continue an interrupted run in EVAL_OUTPUT_DIR (same settings; not auto γ)
+  --verbose           on an error, the traceback beside the one-line message
   --compilation_cache_dir=DIR   JAX's persistent compilation cache (default
                       $SPECDEC_COMPILATION_CACHE or ~/.cache/specdec_t5x/jax_cache): a second run
                       of the same shapes loads its compiled programs instead of compiling them
@@ -113,7 +116,7 @@ def parse_config(files: Sequence[str], bindings: Sequence[str], finalize: bool =
 
 def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str], dict]:
     """Splits argv into gin files, bindings and switches ({'overwrite', 'resume', 'help',
-    'no_compilation_cache': bool, 'compilation_cache_dir': str or None}).
+    'verbose', 'no_compilation_cache': bool, 'compilation_cache_dir': str or None}).
 
     `--quick` appends `QUICK_GIN` after the given gin files.
 
@@ -122,7 +125,7 @@ def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str], dict]:
     """
     files, bindings = [], []
     switches = {"overwrite": False, "resume": False, "help": False, "quick": False}
-    switches.update(no_compilation_cache=False, compilation_cache_dir=None)
+    switches.update(verbose=False, no_compilation_cache=False, compilation_cache_dir=None)
     for arg in argv:
         if arg.startswith("--gin_file="):
             files.append(arg.split("=", 1)[1])
@@ -137,7 +140,7 @@ def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str], dict]:
         else:
             raise ValueError(
                 f"unknown argument {arg!r}; expected --gin_file=FILE, --gin.KEY=VALUE, --quick, "
-                "--overwrite, --resume, --compilation_cache_dir=DIR, "
+                "--overwrite, --resume, --verbose, --compilation_cache_dir=DIR, "
                 "--no_compilation_cache or --help."
             )
     if not files and not switches["help"]:
@@ -239,10 +242,37 @@ def use_compilation_cache(directory: str | None) -> None:
     )
 
 
-def run(argv: Sequence[str] | None = None) -> None:
-    """`main` for the command line: errors as one message, Ctrl-C as exit status 130."""
+def error_line(err: BaseException) -> str:
+    """`error: <message>`: the first line of the error's message (gin's "In call to
+    configurable ..." context and any usage text after it dropped). The project's own errors
+    (ValueError, OSError) name the bad value and what was expected; any other error is a bug
+    or a surprise, so its type and a pointer to `--verbose` come with it."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if isinstance(err, ValueError | OSError) and lines:
+        return f"error: {lines[0]}"
+    message = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    return f"error: {message} (--verbose prints the traceback)"
+
+
+def run_command(main_fn: Callable[[list[str]], object], argv: Sequence[str]) -> None:
+    """Runs a command-line `main_fn(argv)`; an error exits with status 1 after one line on
+    stderr (`error_line`; with `--verbose` in argv, the traceback before it)."""
     try:
-        main(argv)
+        main_fn(list(argv))
+    except Exception as err:  # noqa: BLE001 - every error reaches the user as one line
+        if "--verbose" in argv:
+            traceback.print_exc()
+        sys.stdout.flush()
+        print(error_line(err), file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def run(argv: Sequence[str] | None = None) -> None:
+    """`main` for the command line: errors as one line (`run_command`), Ctrl-C as exit status
+    130."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        run_command(main, argv)
     except KeyboardInterrupt:
         logging.getLogger(__name__).warning(
             "interrupted: the finished examples are on disk; --resume continues the run."
