@@ -11,10 +11,10 @@ prints the table row. Several processes (`multihost`): add T5X's
 the finished examples on disk (`--resume` continues them). An error prints one line,
 `error: ...` (exit status 1; `--verbose` adds the traceback).
 
-JAX's persistent compilation cache is on for the command-line tools (library code never sets
-it): compiled programs are kept in `~/.cache/specdec_t5x/jax_cache` (beside the corpus,
-`~/.cache/specdec_t5x/data`) and a second run of the same shapes loads them instead of compiling
-(`use_compilation_cache`).
+JAX's persistent compilation cache is on for the command-line tools (this job and
+`specdec_t5x.decode`; library code never sets it): compiled programs are kept in
+`~/.cache/specdec_t5x/jax_cache` (beside the corpus, `~/.cache/specdec_t5x/data`) and a second
+run of the same shapes loads them instead of compiling (`use_compilation_cache`).
 """
 
 from __future__ import annotations
