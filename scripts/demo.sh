@@ -9,7 +9,9 @@
 # Sets up .venv if missing, builds the Debian corpus if missing (apt, ~20 s), runs the eval job on
 # the embedded pair at T = 0 and 1, on the pair with the target widened to the T5 1.1 base shape at
 # T = 0 and on the correction target with the aligned copy draft, prints one table and where the
-# results went.
+# results went. Compiled programs are kept in JAX's persistent compilation cache
+# (~/.cache/specdec_t5x/jax_cache; SPECDEC_COMPILATION_CACHE=DIR moves it, =0 turns it off), so a
+# second demo loads them instead of compiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NUM_EXAMPLES=${NUM_EXAMPLES:-100}

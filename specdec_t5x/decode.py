@@ -2,10 +2,18 @@
 
 For trying a model pair: loads the target and draft an eval gin file configures (e.g.
 `gin/experiments/embedded_ende_model_t0.gin`; `--gin.KEY=VALUE` bindings as in the eval job),
-decodes the text with speculative decoding at GAMMA, TEMPERATURE, TOPK, TOPP, and prints the
-output, the tokens per target call and the time (the second call: the first compiles). At T = 0
-the baseline's output (the target alone, greedy) and its time are printed beside it, with whether
-the two are identical (they must be: `speculative.speculative_sample` in argmax mode).
+decodes each text with speculative decoding at GAMMA, TEMPERATURE, TOPK, TOPP, and prints the
+input, the output, the tokens per target call and the time (the second call: the first
+compiles). At T = 0 the baseline's output (the target alone, greedy) and its time are printed
+beside it, with whether the two are identical (they must be: `speculative.speculative_sample` in
+argmax mode). An empty text is skipped with a warning.
+
+Inputs are padded as the eval job pads them: to INPUT_LEN tokens, the encoder running at the
+shortest length bucket that holds the text (`steps.bucketed`, inside the one compiled program),
+so texts of any length up to INPUT_LEN share one program; a longer text is padded to INPUT_LEN
+times a power of two (`input_width`), one more program per doubling. Compiled programs are kept
+in JAX's persistent compilation cache (`eval.cli.use_compilation_cache`), so the next run loads
+them. An error prints one line, `error: ...` (exit status 1; `--verbose`: the traceback).
 """
 
 from __future__ import annotations
@@ -21,11 +29,16 @@ import numpy as np
 from specdec_t5x import gin_utils, inputs, models, sampling
 
 USAGE = """usage: python -m specdec_t5x.decode --gin_file=FILE [--gin.KEY=VALUE ...] "TEXT" ["TEXT" ...]
+                                    [--verbose] [--compilation_cache_dir=DIR | --no_compilation_cache]
 
 Decodes each TEXT with the target and draft FILE configures (an eval experiment, e.g.
 gin/experiments/embedded_ende_model_t0.gin), at GAMMA / TEMPERATURE / TOPK / TOPP; at T = 0 the
 target's greedy output is printed beside it. Prefix the text as the task does (the shipped En→De
-pair: "translate English to German: ...")."""
+pair: "translate English to German: ..."). Texts up to INPUT_LEN tokens share one compiled
+program; compiled programs are cached as the eval job's are (--compilation_cache_dir=DIR,
+--no_compilation_cache; see python -m specdec_t5x.eval --help). --verbose: on an error, the
+traceback beside the one-line message."""
+FLAGS = ("--gin_file=", "--gin.", "--compilation_cache_dir=", "--no_compilation_cache", "--verbose")
 
 
 def _timed_twice(fn, *args):
@@ -36,30 +49,54 @@ def _timed_twice(fn, *args):
     return out, time.perf_counter() - start
 
 
+def input_width(num_tokens: int, input_len: int) -> int:
+    """The encoder width a text of `num_tokens` tokens (EOS included) is padded to.
+
+    INPUT_LEN, as the eval job pads every source (the encoder then runs at the length bucket
+    that holds the text, `steps.bucketed`); beyond it, INPUT_LEN times the smallest power of two
+    that holds the text: 64 -> 64, 65 -> 128, 200 -> 256 for INPUT_LEN 64. So the compiled
+    programs are one per doubling, not one per length.
+    """
+    width = input_len
+    while width < num_tokens:
+        width *= 2
+    return width
+
+
 def decode(argv: Sequence[str]) -> list[dict]:
-    """Decodes the texts in argv; returns one record per text (also printed).
+    """Decodes the texts in argv; returns one record per non-empty text (also printed).
 
     Returns:
       [{'input', 'output', 'tokens', 'tokens_per_target_call', 'ms', 'baseline' (T = 0 only:
       {'output', 'ms', 'identical'})}].
 
     Raises:
-      ValueError: no --gin_file, no text, an unknown flag, or GAMMA = 'auto' (a fixed γ decodes
-        one text; the eval job chooses γ over many).
+      ValueError: no --gin_file, no text (or only empty ones), an unknown flag, or GAMMA =
+        'auto' (a fixed γ decodes one text; the eval job chooses γ over many).
     """
     from specdec_t5x.eval import cli  # the eval job's gin route, checks included
 
     files = [a.split("=", 1)[1] for a in argv if a.startswith("--gin_file=")]
     bindings = [a[len("--gin.") :] for a in argv if a.startswith("--gin.")]
+    cache_dirs = [a.split("=", 1)[1] for a in argv if a.startswith("--compilation_cache_dir=")]
     texts = [a for a in argv if not a.startswith("--")]
-    unknown = [
-        a for a in argv if a.startswith("--") and not a.startswith(("--gin_file=", "--gin."))
-    ]
+    unknown = [a for a in argv if a.startswith("--") and not a.startswith(FLAGS)]
     if unknown or not files or not texts:
         raise ValueError(
             f"{'unknown flag(s) ' + ', '.join(unknown) + '; ' if unknown else ''}expected "
             "--gin_file=FILE [--gin.KEY=VALUE ...] and at least one text.\n" + USAGE
         )
+    for i, text in enumerate(texts):
+        if not text.strip():
+            print(f"warning: text {i + 1} of {len(texts)} is empty; skipped.", file=sys.stderr)
+    numbered = [(i, text) for i, text in enumerate(texts) if text.strip()]
+    if not numbered:
+        raise ValueError(f"every text given is empty ({len(texts)}); nothing to decode.")
+    cli.use_compilation_cache(
+        cli.compilation_cache_dir(
+            cache_dirs[-1] if cache_dirs else None, "--no_compilation_cache" in argv
+        )
+    )
     cli.parse_config(files, bindings, finalize=False)
     gin.parse_config(
         [
@@ -99,9 +136,10 @@ def decode(argv: Sequence[str]) -> list[dict]:
     )
     records = []
     rng = jax.random.PRNGKey(gin.query_parameter("%SEED"))
-    for text in texts:
+    input_len = gin.query_parameter("%INPUT_LEN")
+    for i, text in numbered:
         tokens = list(vocab.encode(text)) + [spec_model.eos_id]
-        width = max(gin.query_parameter("%INPUT_LEN"), -(-len(tokens) // 8) * 8)
+        width = input_width(len(tokens), input_len)
         batch = inputs.decode_batch([tokens], width, target_len)
         (out, aux), seconds = _timed_twice(speculative, target_params, draft_params, batch, rng)
         stats = jax.tree_util.tree_map(np.asarray, aux["stats"])
@@ -113,6 +151,7 @@ def decode(argv: Sequence[str]) -> list[dict]:
             "ms": 1e3 * seconds,
         }
         line = (
+            f"input {i + 1} of {len(texts)} ({len(tokens)} tokens): {text}\n"
             f"speculative (γ = {gamma}, T = {settings.temperature:g}): {record['output']}\n"
             f"  {record['tokens']} tokens, {record['tokens_per_target_call']:.2f} per target call, "
             f"{record['ms']:.1f} ms"
@@ -153,5 +192,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict] | None:
         gin.clear_config(clear_constants=True)
 
 
+def run(argv: Sequence[str] | None = None) -> None:
+    """`main` for the command line: an error as one line, `error: ...`, and exit status 1."""
+    from specdec_t5x.eval import cli
+
+    cli.run_command(main, list(sys.argv[1:] if argv is None else argv))
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -75,7 +75,8 @@ def load_params(
     """Reads a shipped (by `name`) or saved (by `path`) parameter tree, floats cast to `dtype`.
 
     Raises:
-      ValueError: neither or both of `name` and `path` given.
+      ValueError: neither or both of `name` and `path` given; a file msgpack cannot decode
+        (truncated, or not a parameter file: the message names it) or that holds no tree.
       FileNotFoundError: no such parameter file.
     """
     if (name is None) == (path is None):
@@ -85,7 +86,19 @@ def load_params(
         shipped = sorted(p.parent.name for p in MODELS_DIR.glob(f"*/{PARAMS_FILE}"))
         hint = f" Shipped names: {', '.join(shipped)}." if name is not None else ""
         raise FileNotFoundError(f"no parameter file at {path}.{hint}")
-    state = serialization.msgpack_restore(path.read_bytes())
+    raw = path.read_bytes()
+    try:
+        state = serialization.msgpack_restore(raw)
+    except Exception as e:  # msgpack raises bare ValueErrors ("Unpack failed: incomplete input")
+        raise ValueError(
+            f"parameter file {path} is truncated or not a parameter tree ({len(raw)} bytes; "
+            f"msgpack could not decode it: {e})."
+        ) from e
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"parameter file {path} decodes to {type(state).__name__}, not a parameter tree "
+            "(a nested dict of arrays, as `save_params` writes)."
+        )
 
     def cast(leaf):
         return jnp.asarray(leaf, dtype) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf

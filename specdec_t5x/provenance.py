@@ -19,7 +19,7 @@ import os
 import pathlib
 import platform
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -76,6 +76,39 @@ def hardware_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "load_average": list(os.getloadavg()),  # other work on the machine skews timings
     }
+
+
+def busy_machine(load_samples: Sequence[float], cores: int | None = None) -> dict[str, Any]:
+    """Whether other work shared the machine while a run was timed.
+
+    A timing job keeps about its cores busy itself; a 1-minute load average above the core
+    count means other runnable work competed for them (on the 2-core VM at load 5–15 the demo
+    read 0.77X and c 0.391 against 1.2X and c 0.10 quiet).
+
+    Args:
+      load_samples: 1-minute load averages (`os.getloadavg()[0]`) sampled during the timing,
+        e.g. as it starts and as it ends.
+      cores: the machine's cores (default `os.cpu_count()`).
+
+    Returns:
+      {'busy': the highest sample exceeds `cores`, 'load': that sample, 'cores',
+      'load_samples'}.
+    """
+    cores = cores or os.cpu_count() or 1
+    load = max(load_samples)
+    return {
+        "busy": bool(load > cores),
+        "load": round(float(load), 2),
+        "cores": int(cores),
+        "load_samples": [round(float(x), 2) for x in load_samples],
+    }
+
+
+def busy_note(busy: dict[str, Any] | None) -> str:
+    """'⚠ busy (load 5.2 on 2 cores)' for a `busy_machine` record that is busy, else ''."""
+    if not busy or not busy.get("busy"):
+        return ""
+    return f"⚠ busy (load {busy['load']:.1f} on {busy['cores']} cores)"
 
 
 SIMD_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile")

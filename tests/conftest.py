@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import platform
 
 import jax
@@ -11,6 +12,10 @@ import pytest
 
 from specdec_t5x import network
 from specdec_t5x.data import corpora
+
+# The command-line tools keep JAX's compiled programs in ~/.cache (`eval.cli`); tests that run
+# them in-process or as subprocesses leave it alone unless asked.
+os.environ.setdefault("SPECDEC_COMPILATION_CACHE", "0")
 
 TINY = dict(
     emb_dim=8,

@@ -12,6 +12,7 @@ import pytest
 from conftest import tiny_spec_pair
 from test_eval import _evaluate_tiny
 
+from specdec_t5x import provenance
 from specdec_t5x.eval import cli, costs, job, outputs, summary, tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -57,11 +58,13 @@ def _record(**costs_overrides):
 @pytest.mark.parametrize(
     "overrides, reason",
     [
-        ({"c": 123029.53}, "c = 1.23e+05 outside [0, 2]"),
+        ({"c": 123029.53}, "c = 1.23e+05 outside [0, 1)"),
+        ({"c": 1.0}, "c = 1 outside [0, 1)"),
         ({"verify_cost_ratio": 539579.83}, "verify/step = 5.396e+05 outside [0.5, 4]"),
         ({"target_step_ms": 1e-6}, "non-positive slope"),
-        ({"verify_capped": True, "verify_only_ms": 2.0}, "verify call capped"),
-        ({"c": float("nan")}, "c = nan outside [0, 2]"),
+        ({"verify_capped": True, "verify_only_ms": 2.0}, "verify call dearer than its iteration"),
+        ({"interference_ms": -0.2}, "interference -0.2 ms < 0 (beyond noise"),
+        ({"c": float("nan")}, "c = nan outside [0, 1)"),
     ],
 )
 def test_a_degenerate_cost_measurement_is_flagged_not_printed(overrides, reason):
@@ -85,6 +88,38 @@ def test_a_sound_cost_measurement_prints_its_numbers():
     assert "n/a" not in row and "| 0.200 | 1.20 | 1.70 | 1.10X | 1.30X | 1.00 |" in row
 
 
+# The step timer's costs (`--quick`, LOOP_COSTS=False) of a run at load 5-15 that printed
+# c = 0.000: the draft step at the timer's floor, the verify call dearer than its whole iteration
+# (T(1) and verify/step as such a run reads them; the rest as recorded).
+QUICK_AT_LOAD = {
+    "target_step_ms": 6.9,
+    "draft_step_ms": 1e-06,
+    "verify_step_ms": 8.33,
+    "iteration_ms": 5.90,
+    "interference_ms": -2e-06,
+    "c": 0.0,
+    "c_alone": 1e-06 / 6.9,
+    "verify_cost_ratio": 1.21,
+}
+
+
+def test_the_step_timer_path_flags_the_recorded_degenerate_case(capsys):
+    record = {**_record(), "step_costs": QUICK_AT_LOAD, "c_alone": QUICK_AT_LOAD["c_alone"]}
+    record.update(c_measured=0.0, verify_cost_ratio=1.21)
+    reasons = costs.degenerate(QUICK_AT_LOAD, 2)
+    assert any("draft step not resolved (1e-06 ms alone" in r for r in reasons), reasons
+    assert "verify call dearer than its iteration (8.33 > 5.9 ms)" in reasons
+    assert not any("interference" in r for r in reasons)  # -2e-06 ms is within noise
+    cli.print_results(record, "/tmp/out")
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ddtp_ende")]
+    cells = line.strip("| ").split(" | ")
+    assert cells[5].startswith("n/a (degenerate: draft step not resolved")
+    assert "0.000" not in line and cells[6] == "n/a" and cells[9] == "n/a"
+    # The same timings with the verify call inside its iteration and a resolved draft: sound.
+    sound = {**QUICK_AT_LOAD, "draft_step_ms": 0.03, "verify_step_ms": 5.7, "c": 0.014}
+    assert costs.degenerate(sound, 2) == []
+
+
 def test_old_flat_records_render_and_t1_speedups_name_their_baseline():
     old = {**_record(), "temperature": 1.0}
     old["step_costs"].pop("verify_capped")
@@ -93,6 +128,38 @@ def test_old_flat_records_render_and_t1_speedups_name_their_baseline():
     assert "1.10X (vs T5X sampler 1.40X)" in tables.table_row(fair)
     grouped = summary.group(old)
     assert summary.flat(grouped)["speedup"] == 1.1 and len(grouped) <= 25
+
+
+# ---------------------------------------------------------------------------------------------
+# A busy machine.
+
+
+def test_a_run_timed_on_a_busy_machine_says_so_on_the_console_and_in_its_row(
+    tiny_pair, data_dir, tmp_path, monkeypatch, caplog, capsys
+):
+    cores = os.cpu_count()
+    load = 2.5 * cores + 0.2
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, 1.0, 1.0))
+    out = tmp_path / "out"
+    kwargs = dict(gamma=2, temperature=0.0, num_examples=2, cost_repeats=2, loop_costs=False)
+    with caplog.at_level("WARNING", logger="specdec_t5x.eval.job"):
+        metrics = _evaluate_tiny(tiny_pair, out, **kwargs)
+    note = f"⚠ busy (load {load:.1f} on {cores} cores)"
+    warnings = [r.getMessage() for r in caplog.records if "busy machine" in r.getMessage()]
+    assert warnings == [
+        f"busy machine: load average {load:.1f} on {cores} cores while timing: other work "
+        "shared the CPU, so the speed-up and c may not hold on a quiet machine."
+    ]
+    written = json.loads((out / "metrics.json").read_text())["speed"]["busy_machine"]
+    assert written == {"busy": True, "load": load, "cores": cores, "load_samples": [load, load]}
+    assert note in (out / "table_row.md").read_text()
+    cli.print_results(summary.group(metrics), str(out))
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ddtp_ende")]
+    assert note in line
+    # Repeated runs count the busy ones; a quiet machine prints no note.
+    quiet = {**metrics, "busy_machine": provenance.busy_machine([0.5 * cores], cores)}
+    assert "⚠ busy (1 of 2 runs)" in tables.median_row([metrics, quiet])
+    assert "busy" not in tables.table_row(quiet) and not quiet["busy_machine"]["busy"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,6 +249,104 @@ def test_help_lists_the_flags_and_macros(capsys):
     with pytest.raises(ValueError, match="unknown argument '--fast'"):
         cli.parse_flags(["--gin_file=x.gin", "--fast"])
     assert cli.parse_flags(["--gin_file=x.gin", "--quick"])[0] == ["x.gin", cli.QUICK_GIN]
+
+
+def test_an_error_is_one_line_naming_the_bad_value_and_verbose_adds_the_traceback(
+    capsys, clean_gin
+):
+    import gin
+
+    argv = ["--gin_file=gin/experiments/embedded_ende_model_t0.gin", "--gin.NUM_EXAMPLES=0"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.run([*argv, "--gin.EVAL_OUTPUT_DIR='/nonexistent/out'"])
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last == "error: num_examples (gin: NUM_EXAMPLES) must be an int >= 1; got 0."
+    assert "Traceback" not in err and "In call to configurable" not in err
+    gin.clear_config(clear_constants=True)  # a process runs the job once; this test, twice
+    with pytest.raises(SystemExit):
+        cli.run([*argv, "--gin.EVAL_OUTPUT_DIR='/nonexistent/out'", "--verbose"])
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.strip().splitlines()[-1] == last
+    with pytest.raises(SystemExit):
+        cli.run(["--gin_file=gin/experiments/no_such.gin"])
+    assert capsys.readouterr().err.startswith("error: gin file 'gin/experiments/no_such.gin'")
+    # A surprise (not the project's own ValueError / OSError) names its type and --verbose.
+    assert cli.error_line(KeyError("gamma")) == (
+        "error: KeyError: 'gamma' (--verbose prints the traceback)"
+    )
+
+
+@pytest.fixture
+def compilation_cache_config():
+    """JAX's persistent-cache settings, restored (and the cache reset) after the test."""
+    import jax
+
+    names = (
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
+    saved = {name: getattr(jax.config, name) for name in names}
+    yield
+    for name, value in saved.items():
+        jax.config.update(name, value)
+    cli.use_compilation_cache(saved["jax_compilation_cache_dir"])
+
+
+def test_the_command_line_caches_compiled_programs_by_default_and_the_library_never_does(
+    tmp_path, monkeypatch, compilation_cache_config
+):
+    import jax
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv(cli.CACHE_ENV_VAR, raising=False)
+    jax.config.update("jax_compilation_cache_dir", None)  # no JAX_COMPILATION_CACHE_DIR
+    default = str(tmp_path / ".cache" / "specdec_t5x" / "jax_cache")
+    assert cli.compilation_cache_dir() == default  # beside the corpus's ~/.cache/specdec_t5x/data
+    assert cli.compilation_cache_dir("/elsewhere") == "/elsewhere"
+    assert cli.compilation_cache_dir("/elsewhere", off=True) is None
+    monkeypatch.setenv(cli.CACHE_ENV_VAR, "~/moved")
+    assert cli.compilation_cache_dir() == str(tmp_path / "moved")
+    monkeypatch.setenv(cli.CACHE_ENV_VAR, "0")
+    assert cli.compilation_cache_dir() is None and cli.compilation_cache_dir("/d") == "/d"
+    # The job sets it before any JAX work; every program is kept, however fast it compiled.
+    with pytest.raises(FileNotFoundError):
+        cli.main(["--gin_file=no_such.gin", f"--compilation_cache_dir={tmp_path / 'c'}"])
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "c")
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+    with pytest.raises(ValueError, match="unknown argument '--compilation_cache'"):
+        cli.parse_flags(["--gin_file=x.gin", "--compilation_cache"])
+    # Library code never sets it: only the command-line module names JAX's setting.
+    setters = sorted(
+        str(f.relative_to(ROOT))
+        for f in (ROOT / "specdec_t5x").rglob("*.py")
+        if "jax_compilation_cache_dir" in f.read_text()
+    )
+    assert setters == ["specdec_t5x/eval/cli.py"]
+
+
+def test_a_second_process_loads_even_a_fast_compiling_program_from_the_cache(tmp_path):
+    program = (
+        "import sys, jax; from specdec_t5x.eval import cli; "
+        "cli.use_compilation_cache(sys.argv[1]); hits = []; "
+        "jax.monitoring.register_event_listener(lambda e, **k: hits.append(e)); "
+        "jax.jit(lambda x: x * 3 + 1)(2.0).block_until_ready(); "
+        "print('hits', hits.count('/jax/compilation_cache/cache_hits'))"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", program, str(tmp_path)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        for _ in range(2)
+    ]
+    assert [r.stdout.split()[-2:] for r in runs] == [["hits", "0"], ["hits", "1"]], runs
+    assert any(tmp_path.iterdir())  # a program that compiled in well under JAX's 1 s default
 
 
 def _argv(out: pathlib.Path, *flags: str) -> list[str]:

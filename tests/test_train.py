@@ -106,6 +106,15 @@ def test_embedded_params_round_trip(tmp_path, tiny_target):
         np.testing.assert_allclose(a, b, rtol=1e-2, atol=1e-2)
     with pytest.raises(ValueError):
         embedded.load_params()
+    # A file cut short (an interrupted copy or download) names itself and what went wrong.
+    cut = tmp_path / "cut" / "params.msgpack"
+    cut.parent.mkdir()
+    cut.write_bytes(path.read_bytes()[:-20])
+    with pytest.raises(ValueError, match=rf"parameter file {cut} is truncated or not a param"):
+        embedded.load_params(path=cut)
+    cut.write_bytes(b"\x2a")  # msgpack's 42: decodable, but no tree
+    with pytest.raises(ValueError, match=rf"parameter file {cut} decodes to int, not a parameter"):
+        embedded.load_params(path=cut)
 
 
 def test_train_lowers_loss_and_resumes(tmp_path):

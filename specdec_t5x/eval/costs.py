@@ -2,8 +2,8 @@
 
 `RunCostCalls` are the extra calls beside the timed ones (`timing.loops.run_costs`); `measure`
 turns their timings into the run's costs (the step timer's stand-alone loops when they are off or
-cannot price the run); `degenerate` says when a measurement is not a cost at all (a non-positive or
-capped slope, c outside [0, 2], verify/step outside [0.5, γ + 2]), so that the tables print
+cannot price the run); `degenerate` says when a measurement is not a cost at all (one check for
+every path: the run's calls, the decode loops, the step timer alone), so that the tables print
 "n/a (degenerate: ...)" instead of a number.
 """
 
@@ -206,32 +206,60 @@ def measure(
 
 
 CAP_TOLERANCE = 1.05  # verify-only / iteration within timing noise: a nearly free draft, c ~ 0
+NOISE_FRACTION = CAP_TOLERANCE - 1  # of an iteration: a negative interference within it is noise
+# ms: a draft step at or below this is no measurement (the timer floors a slope <= 0 at
+# `clock.FLOOR_MS`; one iteration of a jitted loop alone costs more on XLA:CPU).
+DRAFT_FLOOR_MS = 1e-5
 
 
 def degenerate(costs: Mapping[str, Any], gamma: int) -> list[str]:
-    """Why a cost measurement is not a cost (empty: sound).
+    """Why a cost measurement is not a cost (empty: sound); one check for every cost path.
 
-    Flags a non-positive target step (a slope floored by `loops.run_costs`), a verify call capped
-    at the iteration's cost by more than `CAP_TOLERANCE` (a zero-cost-draft loop reading more
-    than the real one; within it, c is a tiny draft's and reads ~0), c outside [0, 2] and
-    verify/step outside [0.5, γ + 2].
+    `costs` is `loops.run_costs`'s, `loops.loop_costs`'s or `step_timer.step_costs`'s dict (the
+    step timer alone: `LOOP_COSTS=False`, `--quick`). In each, c is the iteration's drafting,
+    (iteration - verify) / (γ T(1)). Flags:
+
+    * a target step <= 1e-3 ms (a slope floored at zero);
+    * a draft step that no reading resolves: alone (the step timer's lone loop) at or below
+      `DRAFT_FLOOR_MS` and in the loop (iteration - verify) <= 0;
+    * a verify call dearer than its whole iteration by more than `CAP_TOLERANCE` (its
+      uncapped reading: `verify_only_ms`, or the step timer's `verify_step_ms`; within it the
+      draft is nearly free and c reads ~0);
+    * interference (iteration - verify - γ lone draft steps) below -`NOISE_FRACTION` of the
+      iteration: the loop drafted for less than the draft costs alone;
+    * c outside [0, 1) (a draft step as dear as the target's is no draft) and verify/step
+      outside [0.5, γ + 2].
+
+    Example (a `--quick` run at load 5–15, step timer alone): draft_step_ms 1e-06,
+    verify_step_ms 8.33, iteration_ms 5.90, interference_ms -2e-06, c 0.0 -> the draft step and
+    the verify call are flagged, and the table prints "n/a (degenerate: ...)", not c = 0.000.
     """
     reasons = []
+    show = lambda x: "missing" if x is None else f"{float(x):.4g}"  # noqa: E731
     t1 = costs.get("target_step_ms")
     if t1 is not None and not t1 > 1e-3:
         reasons.append(f"target step {t1:.3g} ms (non-positive slope)")
-    capped = costs.get("verify_capped") and costs.get(
-        "verify_only_ms", 0
-    ) > CAP_TOLERANCE * costs.get("iteration_ms", 0)
-    if capped:
-        reasons.append(
-            f"verify call capped at the iteration's cost ({costs.get('verify_only_ms', 0):.3g} > "
-            f"{costs.get('iteration_ms', 0):.3g} ms)"
-        )
-    c, verify = costs.get("c"), costs.get("verify_cost_ratio")
-    show = lambda x: "missing" if x is None else f"{float(x):.4g}"  # noqa: E731
-    if c is None or not math.isfinite(c) or not 0.0 <= c <= 2.0:
-        reasons.append(f"c = {show(c)} outside [0, 2]")
-    if verify is None or not math.isfinite(verify) or not 0.5 <= verify <= gamma + 2:
-        reasons.append(f"verify/step = {show(verify)} outside [0.5, {gamma + 2}]")
+    iteration = costs.get("iteration_ms")
+    verify = costs.get("verify_only_ms", costs.get("verify_step_ms"))  # before any cap
+    if "step_timer" in costs:  # the loop paths: their own draft_step_ms is iteration - verify
+        lone = costs["step_timer"].get("draft_step_ms")
+    else:
+        lone = None if "verify_only_ms" in costs else costs.get("draft_step_ms")
+    c = costs.get("c")
+    if lone is not None and lone <= DRAFT_FLOOR_MS and c is not None and c <= 0:
+        reasons.append(f"draft step not resolved ({lone:.3g} ms alone, <= 0 in the loop)")
+    if iteration is not None and verify is not None and verify > CAP_TOLERANCE * iteration:
+        reasons.append(f"verify call dearer than its iteration ({verify:.3g} > {iteration:.3g} ms)")
+    interference = costs.get("interference_ms")
+    if interference is not None and iteration is not None:
+        if interference < -NOISE_FRACTION * iteration:
+            reasons.append(
+                f"interference {interference:.3g} ms < 0 (beyond noise: "
+                f"{NOISE_FRACTION:.0%} of the {iteration:.3g} ms iteration)"
+            )
+    if c is None or not math.isfinite(c) or not 0.0 <= c < 1.0:
+        reasons.append(f"c = {show(c)} outside [0, 1)")
+    ratio = costs.get("verify_cost_ratio")
+    if ratio is None or not math.isfinite(ratio) or not 0.5 <= ratio <= gamma + 2:
+        reasons.append(f"verify/step = {show(ratio)} outside [0.5, {gamma + 2}]")
     return reasons

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -156,6 +157,7 @@ def evaluate(
             rng0 = jax.random.PRNGKey(measure.seed)
             first = batches[0][1]
             _warm_up(fns, first, rng0, interrupts)
+            load_samples = [os.getloadavg()[0]]  # other work skews timings: start and end
             with phase(f"decode {len(examples)} examples in {len(batches)} batches"):
                 desc = f"{data.task} T={sampling_settings.temperature}"
                 runs, choices, compiles = _decode_all(
@@ -177,6 +179,15 @@ def evaluate(
                     baseline_sampler=fns["baseline_model"].default_decoder_params["sampler"],
                 )
             interrupts.check()
+            load_samples.append(os.getloadavg()[0])
+            busy = provenance.busy_machine(load_samples)
+            if busy["busy"]:
+                logger.warning(
+                    "busy machine: load average %.1f on %d cores while timing: other work shared "
+                    "the CPU, so the speed-up and c may not hold on a quiet machine.",
+                    busy["load"],
+                    busy["cores"],
+                )
             with phase("summary"):
                 flat = summary.summarise(
                     runs,
@@ -230,6 +241,7 @@ def evaluate(
             max_decode_len=data.target_len,
             inputs=input_report,
             compilations_during_timing=compiles,
+            busy_machine=busy,
             baseline_sampler=fns["baseline_model"].default_decoder_params["sampler"],
             cpu_weight_dtype=cpu_kernel.packed_weight_dtype(target_params),
         )

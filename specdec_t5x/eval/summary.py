@@ -337,6 +337,7 @@ GROUPS = {
         "speculative_tokens_per_s",
         "target_calls",
         "baseline_target_calls",
+        "busy_machine",
     ),
     "acceptance": (
         "alpha_beta",

@@ -61,6 +61,8 @@ def _cells(m: dict[str, Any]) -> dict[str, str]:
         speed += f" (vs T5X sampler {m['speedup_vs_t5x_sampler']:.2f}X)"
     elif not greedy:
         speed += T5X_SAMPLER_MARK
+    busy = provenance.busy_note(m.get("busy_machine"))  # timed while other work shared the CPU
+    speed += f" {busy}" if busy else ""
     predicted = m.get("predicted_speedup") if auto else m.get("predicted_speedup_measured_verify")
     tree = str(m["gamma"]).startswith("tree")  # Theorem 3.8 and the chain's verify/step: n/a
     return {
@@ -87,9 +89,11 @@ def table_row(m: dict[str, Any]) -> str:
 
     At T > 0 the speed is against the fair baseline (the same draw as the speculative loop) with
     T5X's sampler beside it; records from before the fair baseline are marked `T5X_SAMPLER_MARK`.
-    A degenerate cost measurement (`degenerate`) prints "n/a (degenerate: ...)", not numbers. An
-    auto-γ row shows the γ chosen per example (off = the baseline alone), α or "off", its speed
-    with the paired-bootstrap 5–95 % interval and its prediction from the measured cost curve.
+    A degenerate cost measurement (`degenerate`) prints "n/a (degenerate: ...)", not numbers; a
+    run timed on a busy machine (`provenance.busy_machine`) has its speed marked
+    "⚠ busy (load 5.2 on 2 cores)". An auto-γ row shows the γ chosen per example (off = the
+    baseline alone), α or "off", its speed with the paired-bootstrap 5–95 % interval and its
+    prediction from the measured cost curve.
 
     Args:
       m: a `metrics.json` record, grouped or flat (`summary.flat`).
@@ -413,7 +417,8 @@ def kernel_path(flat_record: dict[str, Any]) -> str:
 
 def median_row(records: Sequence[dict[str, Any]], target: str = "", headline: bool = False) -> str:
     """One `MEDIAN_HEADER` row of repeated runs of one configuration: the median speed with the
-    range over runs, and the median of every other column (a degenerate run's costs excluded).
+    range over runs, and the median of every other column (a degenerate run's costs excluded);
+    runs timed on a busy machine are counted beside the speed ("⚠ busy (1 of 3 runs)").
 
     Args:
       records: the runs' `metrics.json` records (grouped or flat), >= 1.
@@ -445,6 +450,9 @@ def median_row(records: Sequence[dict[str, Any]], target: str = "", headline: bo
         speed += f"; vs T5X sampler {med([m['speedup_vs_t5x_sampler'] for m in flats]):.2f}X"
     elif not greedy:
         speed += T5X_SAMPLER_MARK
+    busy = sum(bool((m.get("busy_machine") or {}).get("busy")) for m in flats)
+    if busy:
+        speed += f" ⚠ busy ({busy} of {len(flats)} runs)"
     cells = [
         m0["task"],
         m0["draft"],
