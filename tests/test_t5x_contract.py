@@ -306,6 +306,18 @@ def t5x_stand_ins(clean_gin, monkeypatch):
     import t5x.utils
 
     assert pathlib.Path(t5x.utils.__file__).is_relative_to(STAND_INS)  # never a real T5X
+    # Gin's registry outlives clear_config, and dynamic registration registers a name once per
+    # process: the stand-ins' entries are put back for these tests and taken out after them, so
+    # other tests' bindings such as 'models.EncoderDecoderModel' stay unambiguous.
+    registry = gin.config._REGISTRY
+    for selector, value in _STAND_IN_ENTRIES.items():
+        registry[selector] = value
+    yield
+    for selector in [s for s, _ in registry.items() if s.startswith("t5x.")]:
+        _STAND_IN_ENTRIES[selector] = registry.pop(selector)
+
+
+_STAND_IN_ENTRIES = {}  # gin registry entries of the stand-ins, kept between tests
 
 
 def exported_pair(tmp_path):
