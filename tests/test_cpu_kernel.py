@@ -56,6 +56,28 @@ def test_matmul_equals_dot(isa, weight_dtype):
 
 
 @pytest.mark.parametrize("weight_dtype", ["float32", "bfloat16"])
+def test_row_results_do_not_depend_on_the_row_count(isa, weight_dtype):
+    """On the portable and AVX2 paths every output is one float32 chain over k whatever chunk its
+    row falls in, so a row's result is the same bits in a call of any number of rows (the verify
+    call's first row equals the one-token step's). The AVX-512 path splits k into two chains for
+    chunks of at most 3 rows (latency), so there only the value is checked."""
+    rng = np.random.default_rng(6)
+    fn = jax.jit(cpu_kernel.matmul, static_argnums=2)
+    for k, n in ((300, 45), (129, 97), (40, 64)):  # K over one 128-row block, tail panels
+        packed = cpu_kernel.pack(
+            jnp.asarray(rng.standard_normal((k, n)), jnp.float32), weight_dtype
+        )
+        x = jnp.asarray(rng.standard_normal((20, k)), jnp.float32)
+        full = np.asarray(fn(x, packed, n))
+        for m in (1, 2, 3, 4, 5, 6, 7, 8, 13):
+            part = np.asarray(fn(x[:m], packed, n))
+            if isa == "avx512f":
+                np.testing.assert_allclose(part, full[:m], rtol=1e-5, atol=1e-5)
+            else:
+                np.testing.assert_array_equal(part, full[:m], err_msg=f"{isa} k={k} n={n} m={m}")
+
+
+@pytest.mark.parametrize("weight_dtype", ["float32", "bfloat16"])
 def test_split_over_threads_is_bit_identical(weight_dtype):
     """A product split over XLA's intra-op threads (panel blocks from a shared counter) gives the
     same bits as on one thread: every column is summed by the same code in the same order."""
@@ -177,9 +199,10 @@ def _attention_float64(q, k, v, bias):
 
 
 def test_attention_equals_softmax_reference(isa):
-    """Query rows 1..16, 20, 37; head_dim a multiple of 16 (the AVX-512 path) or not (portable);
-    cache lengths not multiples of 16; bias broadcast over batch and/or heads; masked entries
-    (-1e10) and a fully masked row (uniform weights, as jax.nn.softmax gives)."""
+    """Query rows 1..16, 20, 37; head_dim a multiple of 16 (the AVX-512 path), of 8 only (AVX2,
+    also on an AVX-512 CPU) or neither (portable); cache lengths not multiples of 8 or 16; bias
+    broadcast over batch and/or heads; masked entries (-1e10) and a fully masked row (uniform
+    weights, as jax.nn.softmax gives)."""
     rng = np.random.default_rng(3)
     fn = jax.jit(cpu_kernel.attention)
     cases = [
@@ -187,6 +210,7 @@ def test_attention_equals_softmax_reference(isa):
         (2, 3, 16, 37, (2, 3)),
         (2, 2, 20, 9, (1, 2)),
         (1, 2, 128, 5, (2, 1)),
+        (1, 2, 24, 19, (1, 1)),
     ]
     for b, h, d, s, (bb, hb) in cases:
         for q in [*range(1, 17), 20, 37]:

@@ -105,9 +105,15 @@ def _projections_stubbed():
 
 
 _SHAPE = ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers", "num_decoder_layers")
-MODELS = {  # T5 v1.1 shapes: the embedded target that ships, T5-small, and a tiny smoke-test one.
+MODELS = {  # T5 v1.1 shapes: the embedded target that ships, T5-small, and a tiny smoke-test one;
+    # `*_v8192`: T5 1.1 small / base widths with the shipped 8192-token vocabulary (the targets the
+    # eval job widens the shipped one to, `widen.T5_1_1_SHAPES`).
     "embedded": dict(zip(_SHAPE, (8192, 256, 4, 4, 4), strict=True), head_dim=64, mlp_dim=1024),
     "small": dict(zip(_SHAPE, (32128, 512, 6, 8, 8), strict=True), head_dim=64, mlp_dim=1024),
+    "small_v8192": dict(zip(_SHAPE, (8192, 512, 6, 8, 8), strict=True), head_dim=64, mlp_dim=1024),
+    "base_v8192": dict(
+        zip(_SHAPE, (8192, 768, 12, 12, 12), strict=True), head_dim=64, mlp_dim=2048
+    ),
     "tiny": dict(zip(_SHAPE, (256, 32, 2, 1, 2), strict=True), head_dim=16, mlp_dim=64),
 }
 

@@ -17,7 +17,8 @@
 // Numerics: the same operations as `jax.nn.softmax` (max subtracted, exp, sum, divide), in float32;
 // summation order and the exp polynomial differ from XLA's (agreement ~1e-6 relative, tested).
 //
-// CPU dispatch at run time (no -march=native): AVX-512F (D a multiple of 16), else portable C++.
+// CPU dispatch at run time (no -march=native), following the matmul's path (`force_isa` included):
+// AVX-512F (D a multiple of 16), AVX2 + FMA (D a multiple of 8), else portable C++; D <= 128.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -215,6 +216,166 @@ __attribute__((target("avx512f"))) void head_avx512(const float* q, int64_t qs, 
       for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + (i0 + i) * os + 16 * c, acc[i][c]);
   }
 }
+
+// ------------------------------------------------------------------------------------------------
+// AVX2 + FMA (8-wide, 16 ymm registers): the same steps as head_avx512. A query row's D / 8
+// vectors do not fit in registers beside the accumulators, so each query row streams the K / V
+// cache of its head from L1 (16 KiB at 64 positions of 64 floats); the accumulators stay in
+// registers.
+
+// exp512 in 8 lanes, the same operations: 2^n applied as two exact power-of-two factors
+// (2^(n >> 1) * 2^(n - (n >> 1)), each a normal float for n in [-150, 128]), so the one rounding
+// is scalef's and the lanes equal exp512's.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.7f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+// sum8(a)[j] = sum of the lanes of a[j] (three levels of horizontal adds, then the two halves).
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 sum8(const __m256* a) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+__attribute__((target("avx2,fma"), always_inline)) inline float hsum8(__m256 a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"), always_inline)) inline float hmax8(__m256 a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Lanes [0, count) on, count in [1, 8).
+__attribute__((target("avx2,fma"), always_inline)) inline __m256i lanes8(int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// P.V for `RB` query rows and `CB` of the D / 8 vectors from column vector c0: each value row's
+// CB vectors loaded once for the RB rows.
+template <int RB, int CB>
+__attribute__((target("avx2,fma"), always_inline)) inline void pv_avx2(
+    const float* p, int64_t S, const float* v, int64_t D, int rows, float* out, int64_t os) {
+  __m256 acc[RB][CB];
+  _Pragma("GCC unroll 8") for (int i = 0; i < RB; ++i)
+    _Pragma("GCC unroll 4") for (int c = 0; c < CB; ++c) acc[i][c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < S; ++j) {
+    __m256 vr[CB];
+    _Pragma("GCC unroll 4") for (int c = 0; c < CB; ++c) vr[c] = _mm256_loadu_ps(v + j * D + 8 * c);
+    _Pragma("GCC unroll 8") for (int i = 0; i < RB; ++i) {
+      if (i < rows) {
+        const __m256 pij = _mm256_broadcast_ss(p + i * S + j);
+        _Pragma("GCC unroll 4") for (int c = 0; c < CB; ++c)
+          acc[i][c] = _mm256_fmadd_ps(pij, vr[c], acc[i][c]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 8") for (int i = 0; i < RB; ++i)
+    if (i < rows)
+      _Pragma("GCC unroll 4") for (int c = 0; c < CB; ++c)
+        _mm256_storeu_ps(out + i * os + 8 * c, acc[i][c]);
+}
+
+template <int NV>
+__attribute__((target("avx2,fma"))) void head_avx2(const float* q, int64_t qs, int64_t Q,
+                                                  const float* k, const float* v, int64_t S,
+                                                  const float* bias, float* out, int64_t os,
+                                                  float* work) {
+  constexpr int64_t D = 8 * NV;
+  for (int64_t i = 0; i < Q; ++i) {
+    const float* qi = q + i * qs;
+    float* row = work + i * S;
+    // Logits in blocks of 8 cache rows: 8 dot products at once, summed together by `sum8`.
+    int64_t j = 0;
+    for (; j + 8 <= S; j += 8) {
+      __m256 a[8];
+      const __m256 q0 = _mm256_loadu_ps(qi);
+      _Pragma("GCC unroll 8") for (int jj = 0; jj < 8; ++jj)
+        a[jj] = _mm256_mul_ps(q0, _mm256_loadu_ps(k + (j + jj) * D));
+      for (int c = 1; c < NV; ++c) {
+        const __m256 qc = _mm256_loadu_ps(qi + 8 * c);
+        _Pragma("GCC unroll 8") for (int jj = 0; jj < 8; ++jj)
+          a[jj] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k + (j + jj) * D + 8 * c), a[jj]);
+      }
+      _mm256_storeu_ps(row + j, sum8(a));
+    }
+    for (; j < S; ++j) {  // the last S % 8 rows: one horizontal sum each
+      __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qi), _mm256_loadu_ps(k + j * D));
+      for (int c = 1; c < NV; ++c)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qi + 8 * c), _mm256_loadu_ps(k + j * D + 8 * c), acc);
+      row[j] = hsum8(acc);
+    }
+    // Bias, max, exp, sum, divide.
+    const float* brow = bias + i * S;
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (j = 0; j + 8 <= S; j += 8) {
+      const __m256 x = _mm256_add_ps(_mm256_loadu_ps(row + j), _mm256_loadu_ps(brow + j));
+      _mm256_storeu_ps(row + j, x);
+      mx = _mm256_max_ps(mx, x);
+    }
+    const int64_t tail = S - j;  // 0 to 7 lanes left
+    const __m256i m = lanes8(tail);
+    if (tail > 0) {
+      const __m256 x =
+          _mm256_add_ps(_mm256_maskload_ps(row + j, m), _mm256_maskload_ps(brow + j, m));
+      _mm256_maskstore_ps(row + j, m, x);
+      mx = _mm256_max_ps(mx, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, _mm256_castsi256_ps(m)));
+    }
+    const __m256 mxv = _mm256_set1_ps(hmax8(mx));
+    __m256 sum = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= S; j += 8) {
+      const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(row + j), mxv));
+      _mm256_storeu_ps(row + j, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    if (tail > 0) {
+      const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_maskload_ps(row + j, m), mxv)),
+                                     _mm256_castsi256_ps(m));
+      _mm256_maskstore_ps(row + j, m, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    // p = e / sum, as jax.nn.softmax divides (not a multiply by the reciprocal).
+    const __m256 den = _mm256_set1_ps(hsum8(sum));
+    for (j = 0; j + 8 <= S; j += 8)
+      _mm256_storeu_ps(row + j, _mm256_div_ps(_mm256_loadu_ps(row + j), den));
+    if (tail > 0) _mm256_maskstore_ps(row + j, m, _mm256_div_ps(_mm256_maskload_ps(row + j, m), den));
+  }
+  // P.V: blocks of query rows x column vectors whose accumulators fit in registers (8-12).
+  constexpr int CB = NV >= 4 ? 4 : NV;
+  constexpr int RB = CB == 4 ? 2 : (CB == 2 ? 6 : 8);
+  for (int64_t i0 = 0; i0 < Q; i0 += RB) {
+    const int rows = Q - i0 < RB ? static_cast<int>(Q - i0) : RB;
+    int c0 = 0;
+    for (; c0 + CB <= NV; c0 += CB)
+      pv_avx2<RB, CB>(work + i0 * S, S, v + 8 * c0, D, rows, out + i0 * os + 8 * c0, os);
+    for (; c0 < NV; ++c0)  // NV not a multiple of 4: the last vectors one at a time
+      pv_avx2<RB, 1>(work + i0 * S, S, v + 8 * c0, D, rows, out + i0 * os + 8 * c0, os);
+  }
+}
 #endif
 
 std::string dims_str(ffi::AnyBuffer::Dimensions d) {
@@ -262,7 +423,10 @@ ffi::Error AttentionImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, f
   thread_local std::vector<float> work;
   if (static_cast<int64_t>(work.size()) < Q * S) work.resize(Q * S);
 #ifdef SPECDEC_X86
-  const bool avx512 = SpecdecMatmulIsaCode() == 2 && D % 16 == 0 && D <= 128;
+  // The matmul's code path (forced or detected); an AVX-512 CPU runs AVX2 for D = 8 mod 16.
+  const int code = SpecdecMatmulIsaCode();
+  const bool avx512 = code == 2 && D % 16 == 0 && D <= 128;
+  const bool avx2 = !avx512 && code >= 1 && D % 8 == 0 && D <= 128;
 #endif
   for (int64_t l = 0; l < L; ++l) {
     for (int64_t b = 0; b < B; ++b) {
@@ -284,6 +448,21 @@ ffi::Error AttentionImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, f
             case 6: head_avx512<6>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); break;
             case 7: head_avx512<7>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); break;
             default: head_avx512<8>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); break;
+          }
+          continue;
+        }
+        if (avx2) {
+          switch (D / 8) {
+#define SPECDEC_HEAD_AVX2(nv) \
+  case nv:                    \
+    head_avx2<nv>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); \
+    break;
+            SPECDEC_HEAD_AVX2(1) SPECDEC_HEAD_AVX2(2) SPECDEC_HEAD_AVX2(3) SPECDEC_HEAD_AVX2(4)
+            SPECDEC_HEAD_AVX2(5) SPECDEC_HEAD_AVX2(6) SPECDEC_HEAD_AVX2(7) SPECDEC_HEAD_AVX2(8)
+            SPECDEC_HEAD_AVX2(9) SPECDEC_HEAD_AVX2(10) SPECDEC_HEAD_AVX2(11) SPECDEC_HEAD_AVX2(12)
+            SPECDEC_HEAD_AVX2(13) SPECDEC_HEAD_AVX2(14) SPECDEC_HEAD_AVX2(15)
+            default: head_avx2<16>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); break;
+#undef SPECDEC_HEAD_AVX2
           }
           continue;
         }
