@@ -326,7 +326,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         f"- batch 1, enc_len {s['enc_len']}, cache length {s['max_len']}, block at position "
         f"{s['position']}, {s['rounds']} interleaved rounds, {s['loop_steps']} steps per "
-        f"`fori_loop`; dots: {s['stream_mib']} MiB of weights per shape, random float32 weights.",
+        f"`fori_loop`; products and attention: {s['dot_rounds']} rounds, {s['stream_mib']} MiB of "
+        "weights per product shape; random float32 weights.",
         f"- kernel code path detected: `{result['isa_detected']}`; --before: `{result['before']}`",
         f"- command: `{result['command']}`",
         f"- commit: `{result['commit']}`",
@@ -391,7 +392,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "scripts/profile_isa.py"
         "before": args.before,
         "load_before": [round(x, 2) for x in os.getloadavg()],
         "settings": dataclasses.asdict(s)
-        | {"ks": args.ks, "dot_ms": args.dot_ms, "stream_mib": args.stream_mib},
+        | {
+            "ks": args.ks,
+            "dot_ms": args.dot_ms,
+            "stream_mib": args.stream_mib,
+            "dot_rounds": args.dot_rounds,
+        },
     }
     try:
         if args.dot_models:
