@@ -6,7 +6,8 @@
 #   bash scripts/demo.sh            # NUM_EXAMPLES=100 OUT=runs/demo (untracked) by default
 #
 # The committed results/demo/ was made with `OUT=results/demo bash scripts/demo.sh`.
-# Sets up .venv if missing, builds the Debian corpus if missing (apt: ~1 min on a quiet 2-core machine, 7.5 min measured at load ~10), runs the eval job on
+# Sets up .venv if missing, builds the Debian corpus if missing (apt and the splits: 448 s measured
+# on 2 cores at load ~10; once per machine), runs the eval job on
 # the embedded pair at T = 0 and 1, on the pair with the target widened to the T5 1.1 base shape at
 # T = 0 and on the correction target with the aligned copy draft, prints one table and where the
 # results went. Compiled programs are kept in JAX's persistent compilation cache
