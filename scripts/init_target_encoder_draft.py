@@ -12,13 +12,18 @@ new draft's argmax equals the old draft's and the target's.
 from __future__ import annotations
 
 import argparse
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+# benchmarks/ sits beside the package (not installed with it): found from the repository.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import accelerator
 from specdec_t5x import drafts, embedded, network, steps, vocab
-from specdec_t5x.bench import accelerator
 from specdec_t5x.data import packing
 from specdec_t5x.training import shared_encoder
 

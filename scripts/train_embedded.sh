@@ -196,7 +196,7 @@ if [[ $STAGE == report || $STAGE == all ]]; then
   $PY - <<'PYEOF' | tee $OUT/decode_step.json
 import json
 from specdec_t5x import gin_utils
-from specdec_t5x.bench import random_pair
+from benchmarks import random_pair
 gin_utils.parse(
     ["models/embedded_ende_target.gin", "models/embedded_ende_draft.gin"],
     ["VOCABULARY = None", "gin_utils.build.obj = (%TARGET_MODULE, %DRAFT_MODULE)"])

@@ -1,4 +1,4 @@
-"""bench.accelerator: the --smoke run (without gin/seqio/TF importable), its cost model, configs."""
+"""benchmarks.accelerator: the --smoke run (without gin/seqio/TF importable), its cost model, configs."""
 
 import json
 import os
@@ -10,8 +10,8 @@ import gin
 import numpy as np
 import pytest
 
+from benchmarks import accelerator
 from specdec_t5x import gin_utils
-from specdec_t5x.bench import accelerator
 from specdec_t5x.data import export_tokens
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ def test_smoke_runs_without_gin_seqio_tf_and_writes_results(tmp_path):
         "import sys\n"
         f"for name in {BLOCKED!r}:\n"
         "    sys.modules[name] = None  # any import of it raises ImportError\n"
-        "from specdec_t5x.bench import accelerator\n"
+        "from benchmarks import accelerator\n"
         f"accelerator.main(['--out_dir', {str(tmp_path)!r}, '--smoke'])\n"
         f"bad = [m for m in sys.modules if m.split('.')[0] in {BLOCKED!r} and sys.modules[m]]\n"
         "assert not bad, bad\n"

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import init_params, tiny_config
 
+from benchmarks import random_pair
 from specdec_t5x import models, network
-from specdec_t5x.bench import random_pair
 from specdec_t5x.timing import clock, step_timer
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "measure_c.py"

@@ -31,9 +31,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from benchmarks import random_pair
 from specdec_t5x import inputs as inputs_lib
 from specdec_t5x import metrics, models, steps
-from specdec_t5x.bench import random_pair
 from specdec_t5x.timing import clock
 
 PROMPT_LOOKUP_SOURCE = (

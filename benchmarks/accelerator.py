@@ -1,6 +1,6 @@
 """Paper-scale speculative decoding on one accelerator, in one command, with real α.
 
-    python -m specdec_t5x.bench.accelerator --out_dir results/accelerator [--smoke]
+    python -m benchmarks.accelerator --out_dir results/accelerator [--smoke]
 
 No pretrained T5 weights are reachable, so the models are our trained ones *widened* to the paper's
 shapes (`widen`, function-preserving): the shipped embedded target -> T5 1.1 XXL shape (24+24
@@ -55,12 +55,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from benchmarks import accelerator_measure as measure
+from benchmarks import random_pair
 from specdec_t5x import embedded, network, provenance, steps, widen
-from specdec_t5x.bench import accelerator_measure as measure
-from specdec_t5x.bench import random_pair
 from specdec_t5x.data import export_tokens
 
-TOKENS_FILE = pathlib.Path(__file__).resolve().parents[2] / "results/accelerator/ddtp_tokens.npz"
+TOKENS_FILE = pathlib.Path(__file__).resolve().parents[1] / "results/accelerator/ddtp_tokens.npz"
 T5_VOCAB = measure.T5_VOCAB
 # Public names of the measurements, importable from here as before the split.
 param_bytes, verify_ratio = measure.param_bytes, measure.verify_ratio
@@ -382,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tokens", default=str(TOKENS_FILE), help="export_tokens .npz file")
     parser.add_argument("--commit", help="commit to record where the tree has no .git (a copy)")
     args = parser.parse_args(argv)
-    command = "python -m specdec_t5x.bench.accelerator " + " ".join(argv)
+    command = "python -m benchmarks.accelerator " + " ".join(argv)
     return run_benchmark(args.out_dir, args.smoke, args.tokens, command, args.commit)
 
 

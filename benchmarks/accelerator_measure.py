@@ -1,4 +1,4 @@
-"""The measurements of `bench.accelerator`: step costs, the weight-streaming floor, end to end.
+"""The measurements of `benchmarks.accelerator`: step costs, the weight-streaming floor, end to end.
 
 (a) `step_costs`: T(k) of the target's cached decoder call and each draft's one-token step,
     timed inside a `fori_loop` (`steps_per_call` steps per call) in interleaved rounds

@@ -55,8 +55,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import xla_profile
 from specdec_t5x import cpu_kernel, models, network, provenance
-from specdec_t5x.bench import xla_profile
 from specdec_t5x.timing import clock, step_timer
 
 # variant -> (CPU weight dtype of the packed decoder, None = XLA's jnp.dot; XLA compiler options)

@@ -47,8 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import verify_cost
 from specdec_t5x import cpu_kernel, models, provenance
-from specdec_t5x.bench import verify_cost
 from specdec_t5x.cpu_kernel import extension, ops
 from specdec_t5x.timing import clock
 
