@@ -143,3 +143,16 @@ def measure_step_costs(
         jax_backend=jax.default_backend(),
     )
     return result
+
+
+def embedded_step_costs() -> dict[str, Any]:
+    """`measure_step_costs` of the shipped En→De pair's shapes (gin/models/embedded_ende_*.gin): one
+    cached decoder step, batch 1, 64-token source (`scripts/train_embedded.sh report`)."""
+    from specdec_t5x import gin_utils  # local: gin stays unimported for the other callers
+
+    gin_utils.parse(
+        ["models/embedded_ende_target.gin", "models/embedded_ende_draft.gin"],
+        ["VOCABULARY = None", "gin_utils.build.obj = (%TARGET_MODULE, %DRAFT_MODULE)"],
+    )
+    target, draft = gin_utils.build()
+    return measure_step_costs(target.config, draft.config, batch=1, enc_len=64, max_len=128)

@@ -33,16 +33,6 @@ TASKS = {  # corpus, fields, task prefix, shipped target / draft, lengths
 }
 
 
-def _batches(examples, size, input_len, target_len):
-    for i in range(0, len(examples), size):
-        chunk = examples[i : i + size]
-        enc = np.zeros((len(chunk), input_len), np.int32)
-        dec = np.zeros((len(chunk), target_len), np.int32)
-        for r, (x, y) in enumerate(chunk):
-            enc[r, : len(x)], dec[r, : len(y)] = x, y
-        yield enc, dec
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=sorted(TASKS), required=True)
@@ -64,14 +54,15 @@ def main(argv=None) -> None:
     )
     voc = vocab.get_vocabulary()
 
-    def examples(split, n):
+    def batches(split, n):  # (encoder, decoder) batches of 64 tokenized pairs
         pairs = packing.read_jsonl_pairs(corpus, split, src, tgt, max_examples=n)
-        return packing.tokenize(pairs, voc, prefix, input_len, target_len, drop_long=False)
+        examples = packing.tokenize(pairs, voc, prefix, input_len, target_len, drop_long=False)
+        return packing.padded_batches(examples, 64, input_len, target_len)
 
     enc_t = jax.jit(lambda p, e: steps.encode(target, p, e))
     enc_d = jax.jit(lambda p, e: steps.encode(draft, p, e))
     ts, ds, ws = [], [], []
-    for enc, _ in _batches(examples("train", args.num_sources), 64, input_len, target_len):
+    for enc, _ in batches("train", args.num_sources):
         ts.append(np.asarray(enc_t(tp, enc)))
         ds.append(np.asarray(enc_d(dp, enc)))
         ws.append(enc > 0)
@@ -87,7 +78,7 @@ def main(argv=None) -> None:
 
     logits = jax.jit(logits, static_argnums=0)
     agree_old = agree_target = old_target = total = 0
-    for enc, dec in _batches(examples("validation", args.num_check), 64, input_len, target_len):
+    for enc, dec in batches("validation", args.num_check):
         mask = dec > 0
         new = np.argmax(logits(te_draft, full, enc, dec), -1)
         old = np.argmax(logits(draft, dp, enc, dec), -1)

@@ -86,8 +86,7 @@ def test_repeated_runs_render_from_their_records(tmp_path):
 
 def test_every_committed_table_regenerates_from_committed_records(tmp_path):
     """`render_tables.py` re-renders README and results tables without re-running anything."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import render_tables
+    from benchmarks import render_tables
 
     files = render_tables.metrics_files(render_tables.DEMO)
     assert files and "| ddtp_ende |" in render_tables.table(files, headline=True)

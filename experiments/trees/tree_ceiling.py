@@ -1,10 +1,10 @@
 """What token trees can buy at T = 0, from the draft's ranks of the target's own tokens.
 
-  python scripts/tree_ceiling.py                       # shipped En→De pair, 100 test sentences
-  python scripts/tree_ceiling.py --tk results/trees/profile/tk_base_t0.json   # + predicted speed
-  python scripts/tree_ceiling.py --split validation    # choose trees on other sentences
-  python scripts/tree_ceiling.py --dynamic 4,4,6       # + trees chosen per iteration (EAGLE-2)
-  python scripts/tree_ceiling.py --num_examples 5 --out /tmp/c                 # smoke
+  python experiments/trees/tree_ceiling.py                       # shipped En→De pair, 100 test sentences
+  python experiments/trees/tree_ceiling.py --tk results/trees/profile/tk_base_t0.json   # + predicted speed
+  python experiments/trees/tree_ceiling.py --split validation    # choose trees on other sentences
+  python experiments/trees/tree_ceiling.py --dynamic 4,4,6       # + trees chosen per iteration (EAGLE-2)
+  python experiments/trees/tree_ceiling.py --num_examples 5 --out /tmp/c                 # smoke
 
 In argmax mode an iteration accepts the longest path of its tree that the target's greedy
 continuation follows, and a node's children are the draft's top choices after the node's path.
@@ -16,7 +16,7 @@ accepted the most on these sentences (each example's starts all counted).
 
 For every row budget k (target rows per verify call, root included) the table gives the chain
 γ = k - 1, the best per-depth tree of exactly k nodes, and the optimal tree of k nodes: tokens per
-target call, and over the fastest chain's. With `--tk` (a `scripts/profile_tree.py` JSON whose
+target call, and over the fastest chain's. With `--tk` (a `experiments/trees/profile_tree.py` JSON whose
 `verify/tree N=n` rows time the target's call on n rows) it also predicts each tree's speed over
 the fastest chain's as (tokens / T(k)) / max over chains of (tokens / T(γ + 1)): the target's verify
 call only (the draft's calls and the loop's own work left out; T(k) interpolated linearly between
@@ -287,7 +287,7 @@ def load_tk(path: str) -> dict[int, float]:
             if name.startswith(prefix) and name[len(prefix) :].isdigit():
                 tk[int(name[len(prefix) :])] = float(row["median_ms"])
     if not tk:
-        raise ValueError(f"{path} has no 'verify/tree N=n' rows (scripts/profile_tree.py --nodes).")
+        raise ValueError(f"{path} has no 'verify/tree N=n' rows (experiments/trees/profile_tree.py --nodes).")
     return tk
 
 
@@ -363,7 +363,7 @@ def markdown(result: dict) -> str:
         "",
         "At T = 0 an iteration accepts the longest path of its tree that the target's greedy tokens "
         "follow, so these ranks give every tree's tokens per target call exactly, as the decode "
-        "loop would run it (`scripts/tree_ceiling.py`). Rows k: the target's rows per verify call, "
+        "loop would run it (`experiments/trees/tree_ceiling.py`). Rows k: the target's rows per verify call, "
         "root included. Optimal tree of k: `tree.optimal_paths` on the child-rank paths counted "
         "from every position of these examples (the loop starts at some of them only, so on few "
         "examples a per-depth tree can beat it). × best chain's tokens: over the most tokens per "
@@ -481,7 +481,7 @@ def main(argv=None):
         "tk": None if tk is None else {"path": args.tk, "ms": tk},
     }
     command = shlex.join(
-        ["python", "scripts/tree_ceiling.py", *(sys.argv[1:] if argv is None else argv)]
+        ["python", "experiments/trees/tree_ceiling.py", *(sys.argv[1:] if argv is None else argv)]
     )
     path = provenance.write_results(result, args.out, args.name, command, markdown)
     print(path.with_suffix(".md").read_text())

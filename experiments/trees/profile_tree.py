@@ -1,8 +1,8 @@
 """Where one token-tree iteration's time goes: its components timed apart, beside a chain's.
 
-  python scripts/profile_tree.py                                   # embedded pair, CPU
-  python scripts/profile_tree.py --target_shape base --repeats 7   # target widened to T5 1.1 base
-  python scripts/profile_tree.py --repeats 2 --reps 2 --out /tmp/p # smoke
+  python experiments/trees/profile_tree.py                                   # embedded pair, CPU
+  python experiments/trees/profile_tree.py --target_shape base --repeats 7   # target widened to T5 1.1 base
+  python experiments/trees/profile_tree.py --repeats 2 --reps 2 --out /tmp/p # smoke
 
 On one DDTP En→De source (the first of the test split) with the shipped embedded pair
 (gin/experiments/embedded_ende_model_t0.gin: 13.6M target, 2.7M draft, T = 0), every measurement
@@ -491,7 +491,7 @@ def main(argv=None):
     result = measure(args)
     name = args.name or f"profile_{args.target_shape or 'shipped'}_t{args.temperature:g}"
     command = shlex.join(
-        ["python", "scripts/profile_tree.py", *(sys.argv[1:] if argv is None else argv)]
+        ["python", "experiments/trees/profile_tree.py", *(sys.argv[1:] if argv is None else argv)]
     )
     path = provenance.write_results(result, args.out, name, command, table)
     print(path.with_suffix(".md").read_text())
