@@ -1,7 +1,7 @@
 """Validation CE of the En->De target across its four resumed runs (r1 -> r4), on one step axis.
 
-Run from the repository root: `.venv/bin/python results/training/session14/plot_target_chain.py`.
-Reads the committed metrics files; writes `results/training/session14/target_chain.png`.
+Run from the repository root: `.venv/bin/python experiments/training_curves/plot_target_chain.py`.
+Reads the committed metrics files; writes `results/training/embedded_ende_target/target_chain.png`.
 """
 
 import json
@@ -15,9 +15,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 ROOT = pathlib.Path("results/training")
 RUNS = [  # (label, metrics file); each run starts from the previous run's export
     ("r1 (LR 1e-2)", ROOT / "embedded_ende_target_metrics.jsonl"),
-    ("r2", ROOT / "session2/target_r2_metrics.jsonl"),
-    ("r3 (LR 3e-3, dropout 0.1)", ROOT / "session3/target_r3_metrics.jsonl"),
-    ("r4 = ende_tgt13 (LR 1.5e-3)", ROOT / "session13/ende_tgt13/metrics.jsonl"),
+    ("r2", ROOT / "embedded_ende_target/r2/target_r2_metrics.jsonl"),
+    ("r3 (LR 3e-3, dropout 0.1)", ROOT / "embedded_ende_target/r3/target_r3_metrics.jsonl"),
+    ("r4 = ende_tgt13 (LR 1.5e-3)", ROOT / "embedded_ende_target/r4/ende_tgt13/metrics.jsonl"),
 ]
 
 
@@ -36,7 +36,7 @@ def main():
     ax_train.set(xlabel="cumulative steps (batch 24)", ylabel="training CE (batch mean)")
     fig.suptitle("En->De target: every run resumes the previous run's export")
     fig.tight_layout()
-    out = ROOT / "session14/target_chain.png"
+    out = ROOT / "embedded_ende_target/target_chain.png"
     fig.savefig(out, dpi=110)
     print(out)
 
