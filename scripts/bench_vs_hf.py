@@ -21,9 +21,12 @@ import shlex
 import sys
 import tempfile
 
+# benchmarks/ sits beside the package (not installed with it): found from the repository.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import vs_hf as vs_hf_lib
 from specdec_t5x import gin_utils, provenance
 from specdec_t5x import inputs as inputs_lib
-from specdec_t5x.bench import vs_hf as vs_hf_lib
 from specdec_t5x.eval import tables
 
 

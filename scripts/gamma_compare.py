@@ -8,19 +8,23 @@ One command, re-runnable with new models (the experiment gin files pick them):
 
 Default experiments: the embedded En→De model pair at T = 0 and T = 1, and the summarization pair
 (embedded_sum_*) when its weights are in `specdec_t5x/assets/models/`. Writes `metrics.json` and
-`table.md` (with command, commit, hardware, load, date) to `--out`. See `specdec_t5x.bench.gamma_compare`.
+`table.md` (with command, commit, hardware, load, date) to `--out`. See `benchmarks.gamma_compare`.
 """
 
 import os
+import pathlib
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import gin  # noqa: E402
 
+# benchmarks/ sits beside the package (not installed with it): found from the repository.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import gamma_compare
 from specdec_t5x import embedded, gin_utils
 from specdec_t5x import inputs as inputs_lib
-from specdec_t5x.bench import gamma_compare
 from specdec_t5x.eval import cli as eval_main
 
 DEFAULT_EXPERIMENTS = [

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import pathlib
+import sys
 
+# benchmarks/ sits beside the package (not installed with it): found from the repository.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import accelerator
 from specdec_t5x import embedded, widen
-from specdec_t5x.bench import accelerator
 
 _FIELDS = (
     "emb_dim",

@@ -12,13 +12,18 @@ new draft's argmax equals the old draft's and the target's.
 from __future__ import annotations
 
 import argparse
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+# benchmarks/ sits beside the package (not installed with it): found from the repository.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import accelerator
 from specdec_t5x import drafts, embedded, network, steps, vocab
-from specdec_t5x.bench import accelerator
 from specdec_t5x.data import packing
 from specdec_t5x.training import shared_encoder
 
@@ -26,16 +31,6 @@ TASKS = {  # corpus, fields, task prefix, shipped target / draft, lengths
     "ende": ("ddtp_ende", "en", "de", "translate English to German: ", "embedded_ende", 64, 64),
     "sum": ("debian_summarize", "document", "synopsis", "summarize: ", "embedded_sum", 256, 32),
 }
-
-
-def _batches(examples, size, input_len, target_len):
-    for i in range(0, len(examples), size):
-        chunk = examples[i : i + size]
-        enc = np.zeros((len(chunk), input_len), np.int32)
-        dec = np.zeros((len(chunk), target_len), np.int32)
-        for r, (x, y) in enumerate(chunk):
-            enc[r, : len(x)], dec[r, : len(y)] = x, y
-        yield enc, dec
 
 
 def main(argv=None) -> None:
@@ -59,14 +54,15 @@ def main(argv=None) -> None:
     )
     voc = vocab.get_vocabulary()
 
-    def examples(split, n):
+    def batches(split, n):  # (encoder, decoder) batches of 64 tokenized pairs
         pairs = packing.read_jsonl_pairs(corpus, split, src, tgt, max_examples=n)
-        return packing.tokenize(pairs, voc, prefix, input_len, target_len, drop_long=False)
+        examples = packing.tokenize(pairs, voc, prefix, input_len, target_len, drop_long=False)
+        return packing.padded_batches(examples, 64, input_len, target_len)
 
     enc_t = jax.jit(lambda p, e: steps.encode(target, p, e))
     enc_d = jax.jit(lambda p, e: steps.encode(draft, p, e))
     ts, ds, ws = [], [], []
-    for enc, _ in _batches(examples("train", args.num_sources), 64, input_len, target_len):
+    for enc, _ in batches("train", args.num_sources):
         ts.append(np.asarray(enc_t(tp, enc)))
         ds.append(np.asarray(enc_d(dp, enc)))
         ws.append(enc > 0)
@@ -82,7 +78,7 @@ def main(argv=None) -> None:
 
     logits = jax.jit(logits, static_argnums=0)
     agree_old = agree_target = old_target = total = 0
-    for enc, dec in _batches(examples("validation", args.num_check), 64, input_len, target_len):
+    for enc, dec in batches("validation", args.num_check):
         mask = dec > 0
         new = np.argmax(logits(te_draft, full, enc, dec), -1)
         old = np.argmax(logits(draft, dp, enc, dec), -1)

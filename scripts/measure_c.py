@@ -14,8 +14,11 @@ import sys
 
 import gin
 
+# benchmarks/ sits beside the package (not installed with it): found from the repository.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import random_pair
 from specdec_t5x import gin_utils, provenance
-from specdec_t5x.bench import random_pair
 from specdec_t5x.eval import tables
 
 

@@ -5,11 +5,17 @@
   python scripts/profile_isa.py --models tiny --dot_models tiny --ks 1,2 --rounds 2 --dot_rounds 2 \
       --out /tmp/isa   # smoke
 
-All logic, options and outputs: `specdec_t5x/bench/isa_paths.py` (`python scripts/profile_isa.py -h`).
+All logic, options and outputs: `benchmarks/isa_paths.py` (`python scripts/profile_isa.py -h`).
 Findings: results/verify_cost/avx2/README.md.
 """
 
-from specdec_t5x.bench import isa_paths
+import pathlib
+import sys
+
+# benchmarks/ sits beside the package (not installed with it): found from the repository.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import isa_paths
 
 if __name__ == "__main__":
     isa_paths.main()

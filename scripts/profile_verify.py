@@ -5,11 +5,17 @@
       --tag pinned --rounds 20                                          # one core + per-op split
   python scripts/profile_verify.py --models tiny --ks 1,2 --rounds 2 --out /tmp/v   # smoke
 
-All logic, options and outputs: `specdec_t5x/bench/verify_cost.py` (`python scripts/profile_verify.py -h`).
+All logic, options and outputs: `benchmarks/verify_cost.py` (`python scripts/profile_verify.py -h`).
 Findings: results/verify_cost/README.md.
 """
 
-from specdec_t5x.bench import verify_cost
+import pathlib
+import sys
+
+# benchmarks/ sits beside the package (not installed with it): found from the repository.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import verify_cost
 
 if __name__ == "__main__":
     verify_cost.main()

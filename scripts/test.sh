@@ -8,6 +8,6 @@ if [ ! -x .venv/bin/python ]; then
   python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
-.venv/bin/ruff check specdec_t5x scripts tests
-.venv/bin/ruff format --check specdec_t5x scripts tests
+.venv/bin/ruff check specdec_t5x benchmarks scripts tests
+.venv/bin/ruff format --check specdec_t5x benchmarks scripts tests
 exec .venv/bin/python -m pytest -q -n 2 --dist loadfile "$@" tests

@@ -2,7 +2,7 @@
 
 The paper reports speed and acceptance rates only; these metrics check that speculative decoding
 leaves quality unchanged (it must, by construction). sacrebleu and rouge_score (which pulls in
-nltk, ~1.5 s) are imported on first use so that importing this module stays cheap.
+nltk, slow to import) are imported on first use so that importing this module stays cheap.
 """
 
 from collections.abc import Sequence

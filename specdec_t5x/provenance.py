@@ -82,8 +82,8 @@ def busy_machine(load_samples: Sequence[float], cores: int | None = None) -> dic
     """Whether other work shared the machine while a run was timed.
 
     A timing job keeps about its cores busy itself; a 1-minute load average above the core
-    count means other runnable work competed for them (on the 2-core VM at load 5–15 the demo
-    read 0.77X and c 0.391 against 1.2X and c 0.10 quiet).
+    count means other runnable work competed for them (what that did to the demo's speed and c:
+    CHANGELOG.md, the busy-machine warning).
 
     Args:
       load_samples: 1-minute load averages (`os.getloadavg()[0]`) sampled during the timing,

@@ -134,8 +134,8 @@ def topk_mask(logits: Array, topk: int) -> Array:
 
 
 # Up to this k, `topk_mask` of several rows finds the k-th largest logit by `top_k_indices`'
-# passes (~0.01 ms per 8192-entry row and pass on CPU) rather than `jax.lax.top_k`, which
-# XLA:CPU lowers to a full sort of every row (~1 ms a row) when it has more than one row.
+# passes (two reductions per row and pass) rather than `jax.lax.top_k`, which XLA:CPU lowers to a
+# full sort of every row when it has more than one row (costs: results/trees/profile/).
 TOPK_PASSES_MAX = 32
 
 
@@ -144,10 +144,10 @@ def top_k_indices(x: Array, k: int) -> Array:
     passes of two plain reductions each (max, then the first index attaining it among the
     entries not yet taken).
 
-    Inside a loop body XLA:CPU lowers `top_k` of more than one row to a full sort of every row
-    (~1 ms per 8192-entry row); these passes cost ~0.01 ms per row and pass
-    (results/trees/profile/). A NaN counts as the largest value (the first NaN first, as
-    `first_argmax`); the k indices of a row are always distinct.
+    Inside a loop body XLA:CPU lowers `top_k` of more than one row to a full sort of every row;
+    these passes cost far less per row (measured: results/trees/profile/). A NaN counts as the
+    largest value (the first NaN first, as `first_argmax`); the k indices of a row are always
+    distinct.
 
     Args:
       x: float32 [..., n]; k: static, 1 <= k <= n.

@@ -13,7 +13,7 @@ The shipped model is `specdec_t5x/assets/vocab/spm_8k.model`, made with
     python -m specdec_t5x.data.build
     python -m specdec_t5x.vocab --out specdec_t5x/assets/vocab/spm_8k.model
 
-seqio (and with it TensorFlow, ~10 s) is imported inside `get_vocabulary` only.
+seqio (and with it TensorFlow, seconds to import) is imported inside `get_vocabulary` only.
 """
 
 import argparse

@@ -4,7 +4,7 @@
 exactly the same logits as `params` in the `config` network (up to float rounding). It lets a model
 trained here stand in for a paper-scale one: the shipped embedded target widened to the T5-XXL shape
 and the embedded draft widened to the T5-small shape have our real α at the paper's real cost ratio
-(`bench.accelerator`).
+(`benchmarks.accelerator`).
 
 Why the function is kept (T5 v1.1, `network`):
 

@@ -200,8 +200,9 @@ def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path)
     rows = (out / "table_row.md").read_text().splitlines()
     assert len(rows) == 4 and "| auto (" in rows[3] and f"X ({low:.2f}–{high:.2f}) |" in rows[3]
     # An auto headline that never ran speculatively says "off" instead of an α.
-    off = {**metrics, **auto, "gamma": "auto", "gamma_chosen": {"0": 2}, "alpha_display": "off"}
-    assert "| auto (off×2) | off |" in tables.table_row(off)
+    off_auto = {**auto, "gamma_chosen": {"0": 2}}
+    off = {**metrics, **off_auto, "gamma": "auto", "alpha_display": "off", "auto": off_auto}
+    assert "| auto (off×2) | off |" in tables.table_row(summary.group(off))
     with pytest.raises(ValueError, match="'auto'"):
         configs(gamma="5", temperature=0.0)
 

@@ -70,7 +70,7 @@ def _record(**costs_overrides):
 def test_a_degenerate_cost_measurement_is_flagged_not_printed(overrides, reason):
     record = _record(**overrides)
     assert any(reason in r for r in costs.degenerate(record["step_costs"], 2))
-    row = tables.table_row(record)
+    row = tables.table_row(summary.group(record))
     assert "n/a (degenerate: " in row and reason in row
     assert "1.30X" not in row  # the prediction built on it is not printed as a number
     assert "| 1.10X |" in row  # the measured speed still is
@@ -84,7 +84,7 @@ def test_a_sound_cost_measurement_prints_its_numbers():
         costs.degenerate({**record["step_costs"], "verify_capped": True, "verify_only_ms": 1.61}, 2)
         == []
     )
-    row = tables.table_row(record)
+    row = tables.table_row(summary.group(record))
     assert "n/a" not in row and "| 0.200 | 1.20 | 1.70 | 1.10X | 1.30X | 1.00 |" in row
 
 
@@ -110,7 +110,7 @@ def test_the_step_timer_path_flags_the_recorded_degenerate_case(capsys):
     assert any("draft step not resolved (1e-06 ms alone" in r for r in reasons), reasons
     assert "verify call dearer than its iteration (8.33 > 5.9 ms)" in reasons
     assert not any("interference" in r for r in reasons)  # -2e-06 ms is within noise
-    cli.print_results(record, "/tmp/out")
+    cli.print_results(summary.group(record), "/tmp/out")
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ddtp_ende")]
     cells = line.strip("| ").split(" | ")
     assert cells[5].startswith("n/a (degenerate: draft step not resolved")
@@ -120,13 +120,13 @@ def test_the_step_timer_path_flags_the_recorded_degenerate_case(capsys):
     assert costs.degenerate(sound, 2) == []
 
 
-def test_old_flat_records_render_and_t1_speedups_name_their_baseline():
-    old = {**_record(), "temperature": 1.0}
-    old["step_costs"].pop("verify_capped")
-    assert tables.T5X_SAMPLER_MARK in tables.table_row(old)  # measured against T5X's sampler
-    fair = {**old, "speedup_vs_t5x_sampler": 1.4}
+def test_t1_speedups_name_their_baseline():
+    record = {**_record(), "temperature": 1.0}
+    record["step_costs"].pop("verify_capped")
+    grouped = summary.group(record)
+    assert tables.T5X_SAMPLER_MARK in tables.table_row(grouped)  # measured against T5X's sampler
+    fair = summary.group({**record, "speedup_vs_t5x_sampler": 1.4})
     assert "1.10X (vs T5X sampler 1.40X)" in tables.table_row(fair)
-    grouped = summary.group(old)
     assert summary.flat(grouped)["speedup"] == 1.1 and len(grouped) <= 25
 
 
@@ -158,8 +158,12 @@ def test_a_run_timed_on_a_busy_machine_says_so_on_the_console_and_in_its_row(
     assert note in line
     # Repeated runs count the busy ones; a quiet machine prints no note.
     quiet = {**metrics, "busy_machine": provenance.busy_machine([0.5 * cores], cores)}
-    assert "⚠ busy (1 of 2 runs)" in tables.median_row([metrics, quiet])
-    assert "busy" not in tables.table_row(quiet) and not quiet["busy_machine"]["busy"]
+    assert "⚠ busy (1 of 2 runs)" in tables.median_row(
+        [summary.group(metrics), summary.group(quiet)]
+    )
+    assert (
+        "busy" not in tables.table_row(summary.group(quiet)) and not quiet["busy_machine"]["busy"]
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`bench.gamma_compare`: the auto-γ comparison on the tiny random pair (row contents, not timings)."""
+"""`benchmarks.gamma_compare`: the auto-γ comparison on the tiny random pair (row contents, not timings)."""
 
 import json
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import tiny_spec_pair
 
-from specdec_t5x.bench import gamma_compare
+from benchmarks import gamma_compare
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Hugging Face T5 files (mapping, bit-exact round trips, the 5.x config trap, HF parity) and the
-side by side with HF generate (`bench.vs_hf`: counting and tables; the run itself needs torch)."""
+side by side with HF generate (`benchmarks.vs_hf`: counting and tables; the run itself needs torch)."""
 
 import json
 
@@ -10,8 +10,8 @@ import pytest
 from conftest import encoder_inputs, init_params, tiny_config
 from safetensors import numpy as safetensors_numpy
 
+from benchmarks import vs_hf
 from specdec_t5x import copy_drafts, drafts, gin_utils, hf, models, network
-from specdec_t5x.bench import vs_hf
 from specdec_t5x.eval import tables
 
 DEC = jnp.asarray([[0, 5, 9, 3, 7], [0, 4, 4, 8, 2]], jnp.int32)
@@ -167,7 +167,7 @@ def test_logits_match_transformers_t5(model, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# The side by side with HF generate (bench.vs_hf): counting and tables without torch, the run
+# The side by side with HF generate (benchmarks.vs_hf): counting and tables without torch, the run
 # itself with it.
 
 METHODS = [

@@ -9,8 +9,8 @@ import shlex
 import jax.numpy as jnp
 import pytest
 
+from benchmarks import isa_paths, verify_cost
 from specdec_t5x import cpu_kernel, models
-from specdec_t5x.bench import isa_paths, verify_cost
 
 README = pathlib.Path(__file__).resolve().parents[1] / "results/verify_cost/avx2/README.md"
 needs_kernel = pytest.mark.skipif(not cpu_kernel.available(), reason="CPU kernel not built")

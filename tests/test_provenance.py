@@ -67,9 +67,9 @@ def test_cpu_identity_names_the_kernel_path_and_the_exposed_simd_flags(monkeypat
 def test_medians_never_merge_kernel_paths():
     import pytest
 
-    from specdec_t5x.eval import tables
+    from specdec_t5x.eval import summary, tables
 
     base = {"task": "t", "draft": "d", "temperature": 0.0, "gamma": 2, "speedup": 1.0}
-    runs = [{**base, "cpu": {"kernel_path": p}} for p in ("avx512f", "avx2+fma")]
+    runs = [summary.group({**base, "cpu": {"kernel_path": p}}) for p in ("avx512f", "avx2+fma")]
     with pytest.raises(ValueError, match="kernel paths"):
         tables.median_row(runs)

@@ -208,8 +208,8 @@ def test_training_keeps_the_target_encoder_frozen_and_exports_the_draft_only(tmp
 
 
 def test_gin_model_file_builds_a_sharing_draft_and_its_training_tree(clean_gin, tmp_path):
+    from benchmarks import accelerator
     from specdec_t5x import gin_utils
-    from specdec_t5x.bench import accelerator
 
     target = network.Transformer(accelerator.EMBEDDED["embedded_ende_target"])
     module = network.TargetEncoderTransformer(

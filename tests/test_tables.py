@@ -22,11 +22,10 @@ def test_median_row_is_the_median_with_the_range_over_runs():
     assert (
         "| 1.50X (1.20–1.90) |" in row and "| T5 1.1 base shape |" in row and row.endswith("| 3 |")
     )
-    t1 = [{**_record(), "temperature": 1.0, "speedup": s, "speedup_vs_t5x_sampler": s + 0.2}
-          for s in (1.1, 1.3, 1.2)]  # fmt: skip
+    t1 = [_run(s, temperature=1.0, speedup_vs_t5x_sampler=s + 0.2) for s in (1.1, 1.3, 1.2)]
     assert "1.20X (1.10–1.30); vs T5X sampler 1.40X" in tables.median_row(t1)
     with pytest.raises(ValueError, match="different configurations"):
-        tables.median_row([_run(1.0), {**_record(), "gamma": 3}])
+        tables.median_row([_run(1.0), _run(1.0, gamma=3)])
 
 
 def _sweep_run(chain_speeds, tree_speed, tree_tokens):
@@ -34,13 +33,13 @@ def _sweep_run(chain_speeds, tree_speed, tree_tokens):
                       "identical_fraction": 1.0} for g, s in chain_speeds.items()}  # fmt: skip
     trees = {"tree(2,1)": {"speedup": tree_speed, "tokens_per_iteration": tree_tokens,
                            "alpha_beta": 0.57, "identical_fraction": 1.0}}  # fmt: skip
-    return {**_record(), "gamma_sweep": sweep, "tree_sweep": trees}
+    return summary.group({**_record(), "gamma_sweep": sweep, "tree_sweep": trees})
 
 
 def test_tree_rows_of_any_tree_name_leave_the_chains_verify_cost_out():
     run = _sweep_run({1: 1.2}, 1.3, 2.0)
     run["tree_sweep"]["tree[0,1,00]"] = run["tree_sweep"]["tree(2,1)"]
-    rows = tables.rows({**run, "verify_cost_ratio": 1.44})
+    rows = tables.rows(summary.group({**summary.flat(run), "verify_cost_ratio": 1.44}))
     trees = [r for r in rows if "| tree" in r]
     assert len(trees) == 2 and all(r.split(" | ")[6] == "–" for r in trees), trees
     assert "| 1.44 |" in rows[0]  # the chain's own row keeps it
@@ -61,7 +60,9 @@ def test_sweep_median_rows_compare_each_run_with_its_own_fastest_chain():
     assert "| 1.60X (1.44–1.65) | 1.10 (1.00–1.20) |" in tree
     assert "| 2.30 | 1.21 |" in tree  # tokens per call, over the fastest chain's (median of 3)
     with pytest.raises(ValueError, match="different configurations"):
-        tables.sweep_median_rows([runs[0], {**runs[1], "temperature": 1.0}])
+        tables.sweep_median_rows(
+            [runs[0], summary.group({**summary.flat(runs[1]), "temperature": 1.0})]
+        )
 
 
 def test_repeated_runs_render_from_their_records(tmp_path):
@@ -86,8 +87,7 @@ def test_repeated_runs_render_from_their_records(tmp_path):
 
 def test_every_committed_table_regenerates_from_committed_records(tmp_path):
     """`render_tables.py` re-renders README and results tables without re-running anything."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import render_tables
+    from benchmarks import render_tables
 
     files = render_tables.metrics_files(render_tables.DEMO)
     assert files and "| ddtp_ende |" in render_tables.table(files, headline=True)

@@ -1,4 +1,4 @@
-"""scripts/tree_ceiling.py: tokens per target call of a tree from the draft's ranks of the target's
+"""experiments/trees/tree_ceiling.py: tokens per target call of a tree from the draft's ranks of the target's
 greedy tokens, checked against the tree loop itself on the toy Markov pair."""
 
 import pathlib
@@ -12,7 +12,7 @@ from test_tree import IRREGULAR, greedy_toy_decode, random_tables, run_toy
 
 from specdec_t5x import tree
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments" / "trees"))
 import tree_ceiling  # noqa: E402
 
 

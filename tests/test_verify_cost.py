@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from benchmarks import verify_cost, xla_profile
 from specdec_t5x import cpu_kernel, models
-from specdec_t5x.bench import verify_cost, xla_profile
 
 README = pathlib.Path(__file__).resolve().parents[1] / "results/verify_cost/README.md"
 

@@ -9,7 +9,7 @@ appended) and writes:
 * `targets` int32 [num_examples, target_len]: reference target ids, zero-padded;
 * `meta`    a 0-d unicode array holding JSON (task, split, vocabulary file, eos_id, lengths, date).
 
-`read_tokens` loads it with NumPy alone (no pickle); `bench.accelerator` reads its inputs this way.
+`read_tokens` loads it with NumPy alone (no pickle); `benchmarks.accelerator` reads its inputs this way.
 """
 
 from __future__ import annotations

@@ -225,6 +225,19 @@ def fixed_batches(examples, batch_size: int, input_len: int, target_len: int) ->
     ]
 
 
+def padded_batches(
+    examples: Sequence[Example], batch_size: int, input_len: int, target_len: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(encoder, decoder) int32 arrays of `examples` in file order, one zero-padded example per row."""
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i : i + batch_size]
+        enc = np.zeros((len(chunk), input_len), np.int32)
+        dec = np.zeros((len(chunk), target_len), np.int32)
+        for r, (x, y) in enumerate(chunk):
+            enc[r, : len(x)], dec[r, : len(y)] = x, y
+        yield enc, dec
+
+
 class SourceBatches:
     """Endless, resumable stream of encoder inputs, one example per row (for generation).
 

@@ -304,7 +304,7 @@ def tree_rows(runs, trees: Mapping[str, Any], headline) -> dict[str, dict[str, A
 
 
 # `metrics.json`'s top level: each flat key of the job's record goes in one group (keys no group
-# names go in 'other'). `flat` undoes it, so tables read old (flat) and new records alike.
+# names go in 'other'). `flat` undoes it: the flat view the tables read.
 GROUPS = {
     "task": (
         "task",
@@ -387,15 +387,14 @@ def group(flat_metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def flat(metrics_record: dict[str, Any]) -> dict[str, Any]:
-    """The flat view of a `metrics.json` record, grouped (`group`) or from before grouping.
+    """The flat view of a grouped `metrics.json` record (`group`).
 
-    Groups are merged into the top level; `diagnostics` also lifts its `time_budget`.
+    Groups are merged into the top level; `diagnostics` also lifts its `time_budget`. A flat view
+    passes through unchanged (`flat(flat(m)) == flat(m)`): the tables hand their flat rows back.
     """
-    if not isinstance(metrics_record.get("speed"), dict):
-        return dict(metrics_record)  # a flat record (written before grouping)
     out = {}
     for key, value in metrics_record.items():
-        if key in GROUPS or key == "other":
+        if (key in GROUPS or key == "other") and isinstance(value, dict):
             out.update(value)
         else:
             out[key] = value
