@@ -24,6 +24,11 @@ TABLES = {  # results/<name>/table.md and its marker in results/README.md: its r
     ],
 }
 DEMO = [RESULTS / "demo" / f"embedded_ende_model_t{t}" for t in (0, 1)]
+DEMO_NOTE = (  # results/demo/README.md says more
+    "> Superseded: one run at `a771745-dirty`; † = T = 1 speed against T5X's Gumbel sampler alone,"
+    " not\n> the fair baseline (this row's fair figure: 1.23X, `results/demo_repeated/`)."
+    " See `README.md` here.\n\n"
+)
 HEADLINE = ("demo_repeated", "paper_regime", "correction")  # repeat_rows.py folders: the headline
 
 
@@ -93,8 +98,8 @@ def repeated_table(*roots: pathlib.Path, headline: bool = False) -> str:
 
 def render_all() -> None:
     """Every committed table, from what the runs recorded."""
-    if metrics_files(DEMO):  # the committed demo run's own table
-        (RESULTS / "demo" / "table.md").write_text(table(metrics_files(DEMO)) + "\n")
+    if metrics_files(DEMO):  # the committed demo run's own table, labelled where it stands
+        (RESULTS / "demo" / "table.md").write_text(DEMO_NOTE + table(metrics_files(DEMO)) + "\n")
     headline = [RESULTS / name for name in HEADLINE if (RESULTS / name).is_dir()]
     if headline:  # medians of repeated runs: the README's headline
         replace(ROOT / "README.md", "headline", repeated_table(*headline, headline=True))
