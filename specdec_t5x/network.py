@@ -5,6 +5,11 @@ checkpoints carry over: `T5Config` (same field names), `Transformer.__call__ / e
 argument names) and exactly T5X's parameter names (`token_embedder/embedding`,
 `encoder/layers_{i}/attention/query/kernel`, ..., `decoder/logits_dense/kernel`).
 
+This module assembles the layers, the encoder and decoder stacks and `Transformer`; the building
+blocks live in `network_layers` (`T5Config`, relative position biases, `LayerNorm`, `Dense`,
+`MlpBlock`, `Embed`) and `network_attention` (`MultiHeadAttention`, `TreeAttention`: the decode
+cache's reads and writes), and every public name of both is importable from here.
+
 What differs from T5X, on purpose, in `decode=True` mode (speculative decoding needs it):
 
 * The decoder takes a *block* of k >= 1 tokens per example, `decoder_input_tokens int32 [batch, k]`,
@@ -50,529 +55,60 @@ have the full `[batch, max_decode_len]` shape (see `models.init_cache`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Sequence
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
-from specdec_t5x import cpu_kernel
+from specdec_t5x.network_attention import (
+    NEG_INF,
+    MultiHeadAttention,
+    TreeAttention,
+)
+from specdec_t5x.network_attention import _t5x_cache_read as _t5x_cache_read  # tests read it here
+from specdec_t5x.network_layers import (
+    ACTIVATION_DTYPES,
+    FEW_TOKENS,
+    MAX_DISTANCE,
+    NUM_BUCKETS,
+    Dense,
+    DType,
+    Embed,
+    LayerNorm,
+    MlpBlock,
+    RelativePositionBiases,
+    T5Config,
+    check_activation_dtype,
+)
+from specdec_t5x.network_layers import _bucket_table as _bucket_table  # tests read it here
+
+__all__ = [  # this module's and, re-exported, `network_layers`' and `network_attention`'s
+    "ACTIVATION_DTYPES",
+    "FEW_TOKENS",
+    "MAX_DISTANCE",
+    "NEG_INF",
+    "NUM_BUCKETS",
+    "Decoder",
+    "DecoderLayer",
+    "Dense",
+    "DType",
+    "Embed",
+    "Encoder",
+    "EncoderLayer",
+    "LayerNorm",
+    "MlpBlock",
+    "MultiHeadAttention",
+    "RelativePositionBiases",
+    "T5Config",
+    "TargetEncoderTransformer",
+    "Transformer",
+    "TreeAttention",
+    "check_activation_dtype",
+]
 
 Array = jax.Array
-DType = Any
-
-NEG_INF = -1e10  # Masked attention logits (T5X's additive mask value).
-NUM_BUCKETS = 32  # Relative-position buckets per stack (T5 v1.1).
-MAX_DISTANCE = 128  # Relative distance mapped to the last bucket.
-# `Embed` looks up at most this many tokens one row at a time (a decode step's k = γ + 1 tokens):
-# XLA:CPU splits a multi-row gather over its thread pool (`outer_dimension_partitions`), a hand-off
-# that cost ~0.015 ms of a ~0.5 ms embedded-target verify step at k = 3, while a one-row gather
-# (every k = 1 step's) runs inline. The rows are the same either way.
-FEW_TOKENS = 16
-
-
-class TreeAttention(NamedTuple):
-    """Where a cached decoder call's tokens live when they are nodes of a token tree (`tree`).
-
-    A position-addressed cache ties each slot to one position, so sibling nodes (same depth, same
-    position) would overwrite each other. In a tree call every token gets its own cache slot and
-    attends to an explicit set of slots (the prefix plus its ancestors); its position (for the
-    relative position bias) is the prefix length plus its depth. Built by
-    `tree.TreeQuery.attention`; without it a call writes token j at slot `decoder_positions[:, j]`
-    and attends causally (slots <= its position).
-
-    Attributes:
-      slots: int32 [batch, k] cache slot each token's self-attention K/V is written to (slots past
-        the cache end are dropped).
-      key_positions: int32 [batch, max_len] the decoder position of the entry in each cache slot
-        (relative position bias of every query against it).
-      visible: bool [batch, k, max_len] the cache slots each token attends to (itself included).
-    """
-
-    slots: Array
-    key_positions: Array
-    visible: Array
-
-
-# T5X initialisers: variance scaling, fan-in, truncated normal; embeddings N(0, 1).
-_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
-_embed_init = nn.initializers.normal(stddev=1.0)
-_relpos_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
-
-
-@dataclasses.dataclass(frozen=True)
-class T5Config:
-    """Hyperparameters of a T5 model, with T5X's field names and defaults.
-
-    Attributes:
-      vocab_size: model vocabulary (rows of the embedding table; T5 rounds to a multiple of 128).
-      dtype: activation dtype (`'bfloat16'` in T5X's v1.1 gins); parameters are float32.
-      emb_dim: model width d_model.
-      num_heads: attention heads.
-      num_encoder_layers / num_decoder_layers: stack depths.
-      head_dim: per-head width d_kv.
-      mlp_dim: feed-forward width d_ff.
-      mlp_activations: `('gelu', 'linear')` for v1.1 gated-GELU; `('relu',)` for T5 1.0.
-      dropout_rate: dropout probability (only active with `enable_dropout=True`).
-      logits_via_embedding: tie the logits layer to the embedding (T5 1.0) instead of
-        `decoder/logits_dense` (v1.1).
-      float32_attention_logits: compute q.k, the attention bias and the softmax in float32
-        (T5X's field and default, False: all three in `dtype`).
-      layer_norm_epsilon: ε of every RMSNorm (T5X's `LayerNorm.epsilon`, 1e-6); `widen.widen`
-        scales it by d_old / d_new to keep a widened network's function.
-      scan_layers: stack the layers of each stack under one `layers` module run by `nn.scan`
-        (parameters and caches gain a leading layer axis; `widen.stack_layers` maps a
-        `layers_{i}` tree to it). Compiles one layer instead of all of them.
-      float32_final_logits: not in T5X (default False = T5X's numerics). True runs the final
-        `decoder_norm` in float32, so the logits projection (float32 in both cases) sees an
-        unrounded input; an option to reduce bf16 near-tie flips between call shapes.
-    """
-
-    vocab_size: int
-    dtype: DType = jnp.float32
-    emb_dim: int = 512
-    num_heads: int = 8
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
-    head_dim: int = 64
-    mlp_dim: int = 2048
-    mlp_activations: Sequence[str] = ("relu",)
-    dropout_rate: float = 0.1
-    logits_via_embedding: bool = False
-    float32_attention_logits: bool = False
-    layer_norm_epsilon: float = 1e-6
-    scan_layers: bool = False
-    float32_final_logits: bool = False
-
-    def __post_init__(self):
-        """Raises ValueError naming a bad field (e.g. a gin macro left as %gin.REQUIRED)."""
-        for name in (
-            "vocab_size",
-            "emb_dim",
-            "num_heads",
-            "num_encoder_layers",
-            "num_decoder_layers",
-            "head_dim",
-            "mlp_dim",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int | np.integer) or value < 1:
-                raise ValueError(f"T5Config.{name} must be a positive int; got {value!r}.")
-        if not isinstance(self.dropout_rate, int | float) or not 0 <= self.dropout_rate < 1:
-            raise ValueError(
-                f"T5Config.dropout_rate must be a float in [0, 1); got {self.dropout_rate!r} "
-                "(is a gin macro such as DROPOUT_RATE still %gin.REQUIRED?)."
-            )
-        if not isinstance(self.layer_norm_epsilon, int | float) or self.layer_norm_epsilon <= 0:
-            raise ValueError(
-                f"T5Config.layer_norm_epsilon must be a positive float; got {self.layer_norm_epsilon!r}."
-            )
-        if not self.mlp_activations:
-            raise ValueError("T5Config.mlp_activations must name at least one activation.")
-        check_activation_dtype(self.dtype)
-
-
-ACTIVATION_DTYPES = ("float32", "bfloat16")  # what `T5Config.dtype` accepts
-
-
-def check_activation_dtype(dtype: DType) -> None:
-    """Raises ValueError unless `dtype` names float32 or bfloat16 (`ACTIVATION_DTYPES`).
-
-    float16 is refused: T5X's additive attention mask value (`NEG_INF` = -1e10, cast to the
-    activation dtype as T5X casts it) overflows float16 to -inf, so a query row whose keys are all
-    masked (every padding position of the encoder) gets softmax(-inf, ..., -inf) = NaN, which then
-    reaches every output through the cross-attention (0 x NaN). T5X's own network does the same
-    (every logit NaN on the padded inputs of `tests/golden/t5x_network.npz`). float64 activations
-    would need `jax_enable_x64` and were never checked against T5X.
-
-    Args:
-      dtype: the activation dtype, as a dtype, a scalar type or its name (`'bfloat16'` in gin).
-
-    Raises:
-      ValueError: naming `dtype` and the accepted ones.
-    """
-    try:
-        name = jnp.dtype(dtype).name
-    except TypeError:
-        name = None
-    if name in ACTIVATION_DTYPES:
-        return
-    why = (
-        ": T5X's attention mask value -1e10 overflows float16 to -inf and padded rows turn into NaN"
-        if name == "float16"
-        else ""
-    )
-    raise ValueError(
-        f"T5Config.dtype must be one of {ACTIVATION_DTYPES} (activations; parameters stay "
-        f"float32); got {dtype!r}{why}."
-    )
-
-
-# ----------------------------------------------------------------------------------------------
-# Relative position buckets (T5): exact integer tables built with NumPy at trace time.
-
-
-@functools.cache
-def _bucket_table(bidirectional: bool) -> np.ndarray:
-    """Bucket of every relative distance n = query_pos - key_pos in [-MAX, MAX].
-
-    Returns int32 [2 * MAX_DISTANCE + 1]; entry `n + MAX_DISTANCE`. Distances beyond +-MAX_DISTANCE
-    map to the same bucket as +-MAX_DISTANCE, so callers clip n first. Follows T5's
-    `_relative_position_bucket` (float32 log with eps), evaluated once in NumPy so the mapping never
-    depends on device float behaviour.
-    """
-    n = np.arange(-MAX_DISTANCE, MAX_DISTANCE + 1, dtype=np.int64)
-    num_buckets = NUM_BUCKETS
-    ret = np.zeros_like(n)
-    if bidirectional:
-        num_buckets //= 2
-        ret += (n < 0).astype(np.int64) * num_buckets
-        n = np.abs(n)
-    else:
-        n = np.maximum(n, 0)
-    max_exact = num_buckets // 2
-    is_small = n < max_exact
-    val_if_large = max_exact + (
-        np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
-        / np.log(MAX_DISTANCE / max_exact)
-        * (num_buckets - max_exact)
-    ).astype(np.int64)
-    val_if_large = np.minimum(val_if_large, num_buckets - 1)
-    ret += np.where(is_small, n, val_if_large)
-    return ret.astype(np.int32)
-
-
-class RelativePositionBiases(nn.Module):
-    """One relative-position bias table per stack, shared by its layers (param `rel_embedding`)."""
-
-    num_heads: int
-    bidirectional: bool
-    dtype: DType
-
-    @nn.compact
-    def __call__(self, query_positions: Array, key_positions: Array) -> Array:
-        """Bias for every (query, key) pair.
-
-        Args:
-          query_positions: int32 [batch, q_len] absolute positions.
-          key_positions: int32 [batch, k_len] absolute positions.
-
-        Returns:
-          dtype [batch, heads, q_len, k_len] additive attention bias.
-        """
-        rel_embedding = nn_partitioning.param_with_axes(
-            "rel_embedding",
-            _relpos_init,
-            (self.num_heads, NUM_BUCKETS),
-            jnp.float32,
-            axes=("heads", "relpos_buckets"),
-        )
-        n = query_positions[:, :, None] - key_positions[:, None, :]  # [b, q, k]
-        n = jnp.clip(n, -MAX_DISTANCE, MAX_DISTANCE) + MAX_DISTANCE
-        buckets = jnp.asarray(_bucket_table(self.bidirectional))[n]  # [b, q, k]
-        bias = jnp.take(rel_embedding.T, buckets, axis=0)  # [b, q, k, heads]
-        return jnp.transpose(bias, (0, 3, 1, 2)).astype(self.dtype)  # [b, heads, q, k]
-
-
-# ----------------------------------------------------------------------------------------------
-# Layers.
-
-
-class LayerNorm(nn.Module):
-    """T5 RMSNorm, x * rsqrt(mean(x^2) + eps) * scale, with T5X's dtypes at each step.
-
-    As `t5x/examples/t5/layers.py::LayerNorm`: the mean square and rsqrt in float32, the normalised
-    value rounded to `dtype`, then multiplied by the scale (also rounded to `dtype`) in `dtype`.
-    """
-
-    dtype: DType
-    epsilon: float = 1e-6
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        x = jnp.asarray(x, jnp.float32)
-        scale = nn_partitioning.param_with_axes(
-            "scale", nn.initializers.ones, (x.shape[-1],), jnp.float32, axes=("embed",)
-        )
-        var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-        y = jnp.asarray(x * jax.lax.rsqrt(var + self.epsilon), self.dtype)
-        return y * jnp.asarray(scale, self.dtype)
-
-
-class Dense(nn.Module):
-    """Bias-free projection with a 2-D `kernel [in, out]` (T5X's DenseGeneral storage).
-
-    If the parameter tree holds `kernel_packed` instead (from `cpu_kernel.pack_params`, which packs
-    the decoder's projections for cached CPU decoding), the product runs on the CPU kernel.
-
-    Attributes:
-      features: output width.
-      dtype: activation dtype of the product (the kernel is stored float32).
-      kernel_axes: T5X's logical axis names of the kernel `[in, out]` (`param_with_axes`), e.g.
-        ('embed', 'mlp'); T5X's partitioner maps them to the mesh (`partitioning`).
-    """
-
-    features: int
-    dtype: DType
-    kernel_axes: tuple[str, str]
-    kernel_init: Any = _kernel_init
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        if self.has_variable("params", cpu_kernel.SHORTLIST_INDEX_NAME):
-            return self._shortlist(x)
-        if self.has_variable("params", cpu_kernel.PACKED_NAME):
-            packed = self.get_variable("params", cpu_kernel.PACKED_NAME)
-            return cpu_kernel.dense(x, packed, self.features, self.dtype)
-        kernel = nn_partitioning.param_with_axes(
-            "kernel",
-            self.kernel_init,
-            (x.shape[-1], self.features),
-            jnp.float32,
-            axes=self.kernel_axes,
-        )
-        return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
-
-    def _shortlist(self, x: Array) -> Array:
-        """A draft's logits over its output shortlist (`drafts.shortlist_params`): only the S
-        shortlisted columns are computed; every other token's logit is -inf."""
-        index = self.get_variable("params", cpu_kernel.SHORTLIST_INDEX_NAME)  # int32 [features]
-        if index.shape != (self.features,):
-            raise ValueError(
-                f"{cpu_kernel.SHORTLIST_INDEX_NAME} must be int32 [{self.features}]; got "
-                f"{index.shape}."
-            )
-        if self.has_variable("params", cpu_kernel.PACKED_NAME):
-            packed = self.get_variable("params", cpu_kernel.PACKED_NAME)
-            y = cpu_kernel.dense(x, packed, packed.shape[0] * cpu_kernel.PANEL, jnp.float32)
-        else:
-            kernel = self.get_variable("params", cpu_kernel.SHORTLIST_KERNEL_NAME)
-            y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype)).astype(jnp.float32)
-        y = jnp.concatenate([y, jnp.full(y.shape[:-1] + (1,), -jnp.inf, y.dtype)], axis=-1)
-        index = jnp.where(index < 0, y.shape[-1] - 1, index)  # outside: the -inf column
-        return jnp.take(y, index, axis=-1).astype(self.dtype)
-
-
-class MlpBlock(nn.Module):
-    """Feed-forward block: gated (`wi_0` * `wi_1`) when several activations are given, else `wi`."""
-
-    config: T5Config
-
-    @nn.compact
-    def __call__(self, x: Array, enable_dropout: bool) -> Array:
-        cfg = self.config
-        acts = cfg.mlp_activations
-        h = None
-        for i, act in enumerate(acts):
-            name = "wi" if len(acts) == 1 else f"wi_{i}"
-            y = Dense(cfg.mlp_dim, cfg.dtype, ("embed", "mlp"), name=name)(x)
-            y = y if act == "linear" else getattr(nn, act)(y)
-            h = y if h is None else h * y
-        h = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(h, deterministic=not enable_dropout)
-        return Dense(cfg.emb_dim, cfg.dtype, ("mlp", "embed"), name="wo")(h)
-
-
-def _query_init(head_dim: int):
-    """T5X folds the 1/sqrt(head_dim) attention scaling into the query initialiser."""
-
-    def init(key, shape, dtype=jnp.float32):
-        return _kernel_init(key, shape, dtype) / np.sqrt(head_dim).astype(np.float32)
-
-    return init
-
-
-class MultiHeadAttention(nn.Module):
-    """Multi-head dot-product attention without 1/sqrt(d) scaling (params query/key/value/out).
-
-    Modes:
-      * `cache_mode=None`: plain attention over `kv_inputs`.
-      * `cache_mode='self'`: decoder self-attention through the position-addressed cache.
-      * `cache_mode='cross'`: cross-attention whose projected encoder K/V live in the cache.
-    """
-
-    config: T5Config
-
-    @nn.compact
-    def __call__(
-        self,
-        q_inputs: Array,
-        kv_inputs: Array | None,
-        mask: Array | None,
-        bias: Array | None,
-        *,
-        enable_dropout: bool = False,
-        cache_mode: str | None = None,
-        query_positions: Array | None = None,
-        tree: TreeAttention | None = None,
-    ) -> Array:
-        """Attention output.
-
-        Args:
-          q_inputs: dtype [batch, q_len, emb].
-          kv_inputs: dtype [batch, kv_len, emb]; None with cache_mode='cross' reads the cache.
-          mask: bool [batch, 1 | heads, q_len, kv_len] (True = attend) or None.
-          bias: dtype [batch | 1, heads, q_len, kv_len] additive bias or None.
-          enable_dropout: attention-probability dropout.
-          cache_mode: None, 'self' or 'cross' (see class docstring).
-          query_positions: int32 [batch, q_len] absolute positions (cache_mode='self').
-          tree: cache slots and visibility of token-tree queries (cache_mode='self'; see
-            `TreeAttention`); None: slot = position, causal mask.
-
-        Returns:
-          dtype [batch, q_len, emb].
-        """
-        cfg = self.config
-        heads, head_dim = cfg.num_heads, cfg.head_dim
-        features = heads * head_dim
-        batch, q_len = q_inputs.shape[:2]
-
-        def project(name, x, init=_kernel_init):
-            y = Dense(features, cfg.dtype, ("embed", "joined_kv"), kernel_init=init, name=name)(x)
-            return y.reshape(y.shape[:2] + (heads, head_dim))  # [b, l, h*d] -> [b, l, h, d]
-
-        query = project("query", q_inputs, _query_init(head_dim))  # [b, q, h, d]
-        heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [b, l, h, d] <-> [b, h, l, d]
-        # Packed parameters mark the CPU kernel's inference path (`cpu_kernel.pack_params`).
-        packed = cpu_kernel.PACKED_NAME in self.variables.get("params", {}).get("query", {})
-        kv = "bkhd"  # the layout of `key` / `value` below: [b, k, h, d] or, cached, "bhkd"
-        if cache_mode == "cross" and kv_inputs is None:
-            # Read the K/V projected when the cache was created (our block steps pass no encoder
-            # output), stored heads first.
-            key = self.variable("cache", "cached_key").value  # [b, h, k, d]
-            value = self.variable("cache", "cached_value").value
-            kv = "bhkd"
-        elif cache_mode == "cross":
-            # Given the encoder output (T5X's step convention), project it as T5X does; the cache
-            # keeps the projection made when it was created.
-            key, value = project("key", kv_inputs), project("value", kv_inputs)  # [b, k, h, d]
-            self.variable("cache", "cached_key", lambda: heads_first(key))  # [b, h, k, d]
-            self.variable("cache", "cached_value", lambda: heads_first(value))
-            if packed:
-                key, value, kv = heads_first(key), heads_first(value), "bhkd"
-        else:
-            key = project("key", kv_inputs)  # [b, k, h, d]
-            value = project("value", kv_inputs)
-        if cache_mode == "self":
-            initialised = self.has_variable("cache", "cached_key")
-            shape = heads_first(key).shape  # the init call: [b, h, max_len, d]
-            cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, key.dtype)
-            cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, value.dtype)
-            if initialised:
-                max_len = cached_key.value.shape[2]
-                rows = jnp.arange(batch)[:, None, None]  # [b, 1, 1]
-                cols = jnp.arange(heads)[None, :, None]  # [1, h, 1]
-                slots = query_positions if tree is None else tree.slots  # [b, q]
-                at = (rows, cols, slots[:, None, :])  # -> [b, h, q]
-                # Write (not add) the k new entries at their absolute positions; positions past
-                # the cache end are dropped (the sampler never reads their outputs).
-                cached_key.value = cached_key.value.at[at].set(heads_first(key), mode="drop")
-                cached_value.value = cached_value.value.at[at].set(heads_first(value), mode="drop")
-                key, value = cached_key.value, cached_value.value  # [b, h, max_len, d]
-                kv = "bhkd"
-                key_positions = jnp.arange(max_len, dtype=jnp.int32)
-                # Causal by position: query at t sees cache slots <= t only (a tree query: the
-                # prefix and its ancestors, `TreeAttention.visible`).
-                if tree is None:
-                    mask = (key_positions[None, None, :] <= query_positions[:, :, None])[:, None]
-                else:
-                    mask = tree.visible[:, None]  # [b, 1, q, max_len]
-            elif packed:
-                key, value, kv = heads_first(key), heads_first(value), "bhkd"
-        if kv == "bhkd" and not packed:
-            # Raw parameters (`SPECDEC_CPU_KERNEL=0`, accelerators): read the cache as T5X reads
-            # its own, so the dots below sum in T5X's order, bit for bit (see `_t5x_cache_read`).
-            key, value, kv = _t5x_cache_read(key), _t5x_cache_read(value), "bkhd"
-
-        # T5X's dtypes (layers.py::dot_product_attention): q.k, the additive bias (mask bias
-        # NEG_INF/0 in `dtype` plus the relative-position bias) and the softmax all run in the
-        # activation dtype, or in float32 when `float32_attention_logits`.
-        if cfg.float32_attention_logits:
-            query, key = query.astype(jnp.float32), key.astype(jnp.float32)
-        # With packed weights the cached attention is one fused kernel call on CPU (float32, no
-        # dropout), or with SPECDEC_CPU_ATTENTION=0 contracts heads-first queries: XLA:CPU's
-        # batched dot is faster for [b, h, q, d] than for [b, q, h, d] operands
-        # (results/verify_cost/). Other platforms, and raw (unpacked) parameters, keep T5X's
-        # contraction (its summation order, bit for bit).
-        heads_first_dots = kv == "bhkd"  # only with packed parameters (above)
-        if mask is not None:
-            mask_bias = jax.lax.select(
-                mask,
-                jnp.zeros(mask.shape, cfg.dtype),
-                jnp.full(mask.shape, NEG_INF, cfg.dtype),
-            )
-            bias = mask_bias if bias is None else mask_bias + bias.astype(cfg.dtype)
-        fused = (
-            heads_first_dots
-            and cpu_kernel.attention_enabled()
-            and not enable_dropout
-            and all(a.dtype == jnp.float32 for a in (query, key, value))
-            and (bias is None or bias.dtype == jnp.float32)
-        )
-        if fused:
-            # Packed float32 inference: logits, bias, softmax and P.V in one CPU kernel call
-            # (`cpu_kernel.attention`; XLA's batched dots re-pack the cache on every k-token step,
-            # results/verify_cost/). Other platforms run the same contractions as below.
-            if bias is None:
-                bias = jnp.zeros((1, 1, q_len, key.shape[2]), jnp.float32)
-            out = cpu_kernel.attention(query, key, value, bias)  # [b, q, h, d]
-            out = out.reshape(batch, q_len, features)  # [b, q, h, d] -> [b, q, h*d]
-            return Dense(cfg.emb_dim, cfg.dtype, ("joined_kv", "embed"), name="out")(out)
-        if heads_first_dots:
-            logits = jax.lax.platform_dependent(
-                query,
-                key,
-                cpu=lambda q, k: jnp.einsum("bhqd,bhkd->bhqk", heads_first(q), k),
-                default=lambda q, k: jnp.einsum("bqhd,bkhd->bhqk", q, _t5x_cache_read(k)),
-            )
-        else:
-            logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [b, h, q, k]
-        if bias is not None:
-            logits = logits + bias.astype(logits.dtype)
-        weights = jax.nn.softmax(logits).astype(cfg.dtype)  # [b, h, q, k]
-        weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=not enable_dropout)
-        value = value.astype(cfg.dtype)
-        if heads_first_dots:
-            out = jax.lax.platform_dependent(
-                weights,
-                value,
-                cpu=lambda w, v: heads_first(jnp.einsum("bhqk,bhkd->bhqd", w, v)),
-                default=lambda w, v: jnp.einsum("bhqk,bkhd->bqhd", w, _t5x_cache_read(v)),
-            )
-        else:
-            out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [b, q, h, d]
-        out = out.reshape(batch, q_len, features)  # [b, q, h, d] -> [b, q, h*d]
-        return Dense(cfg.emb_dim, cfg.dtype, ("joined_kv", "embed"), name="out")(out)
-
-
-def _t5x_cache_read(x: Array) -> Array:
-    """A heads-first cache `dtype [b, h, l, d]` as T5X's attention reads its own: `[b, l, h, d]`.
-
-    T5X stores decoder caches `[batch, heads, head_dim, length]` (`layers.py::
-    MultiHeadDotProductAttention`, "as a TPU fusion optimization") and moves the length axis back
-    before `dot_product_attention`'s einsums, so XLA contracts each head against that layout. Ours
-    is stored `[b, h, l, d]` (what the CPU kernel's fused attention and XLA:CPU's heads-first dots
-    read without a copy); contracted as it lies, XLA picks other dot kernels whose float32 sums
-    run in another order (cached logits up to ~2e-6 off T5X's, `tests/test_t5x_cached_golden.py`).
-    So the raw-parameter path materialises T5X's layout first; the optimisation barrier keeps XLA
-    from folding the transpose back into the dot (without it the logits stay off T5X's). Costs one
-    copy of each cached K and V per layer and call on that path, as the length-major layout did
-    before the cache went heads first (T5X's own self-attention cache needs none); the packed CPU
-    path does not use it.
-
-    Args:
-      x: dtype [batch, heads, length, head_dim], a cached K or V.
-
-    Returns:
-      dtype [batch, length, heads, head_dim], moved from a materialised
-      [batch, heads, head_dim, length] array as T5X moves its cache.
-    """
-    x = jax.lax.optimization_barrier(jnp.swapaxes(x, 2, 3))  # [b, h, l, d] -> [b, h, d, l]
-    return jnp.moveaxis(x, -1, -3)  # [b, h, d, l] -> [b, l, h, d]
 
 
 class EncoderLayer(nn.Module):
@@ -630,37 +166,6 @@ class DecoderLayer(nn.Module):
         y = LayerNorm(cfg.dtype, cfg.layer_norm_epsilon, name="pre_mlp_layer_norm")(x)
         y = MlpBlock(cfg, name="mlp")(y, enable_dropout)
         return x + drop(y)
-
-
-class Embed(nn.Module):
-    """Shared token embedding `embedding [vocab, emb]` (float32 params)."""
-
-    num_embeddings: int
-    features: int
-    dtype: DType
-
-    def setup(self):
-        self.embedding = nn_partitioning.param_with_axes(
-            "embedding",
-            _embed_init,
-            (self.num_embeddings, self.features),
-            jnp.float32,
-            axes=("vocab", "embed"),
-        )
-
-    def __call__(self, tokens: Array) -> Array:
-        """int32 [...] token ids -> dtype [..., features] (T5X's `Embed.__call__`, `jnp.take`)."""
-        if 1 < tokens.size <= FEW_TOKENS:  # one-row gathers, stacked (see FEW_TOKENS)
-            flat = tokens.reshape(-1)
-            rows = [jnp.take(self.embedding, flat[i], axis=0) for i in range(flat.size)]
-            out = jnp.stack(rows).reshape(*tokens.shape, self.features)
-        else:
-            out = jnp.take(self.embedding, tokens, axis=0)
-        return out.astype(self.dtype)
-
-    def attend(self, x: Array) -> Array:
-        """Logits against the float32 table (T5X's `attend_dtype=float32`): float32 [..., vocab]."""
-        return jnp.dot(x, self.embedding.T)
 
 
 def _positions_or_arange(positions: Array | None, tokens: Array) -> Array:

@@ -1,9 +1,10 @@
 """What the eval job's records look like on paper: table rows, the provenance footer, the plot,
-the step-cost and Hugging Face tables, and the job's output files.
+the step-cost and Hugging Face tables, the medians of repeated runs, and the job's output files.
 
 Every function here reads a `metrics.json` record, grouped (`summary.group`) or flat (written
 before grouping): `summary.flat` gives both one view, so a committed table re-renders from its
-committed records without re-running anything (`scripts/render_tables.py`).
+committed records without re-running anything (`scripts/render_tables.py`). One run's rows and
+the provenance footer are in `table_rows`; every public name there is importable from here.
 """
 
 from __future__ import annotations
@@ -19,190 +20,50 @@ import numpy as np
 
 from specdec_t5x import metrics, provenance
 from specdec_t5x.eval import summary
-
-TABLE_HEADER = (
-    "| Task | Draft | T | γ | α | c | verify/step | tokens per target call | Speed "
-    "| Predicted (Thm 3.8) | identical |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|"
+from specdec_t5x.eval.table_rows import (
+    HEADLINE_HEADER,
+    T5X_SAMPLER_MARK,
+    TABLE_HEADER,
+    auto_choices,
+    auto_row_record,
+    c_cell,
+    degenerate,
+    fmt,
+    headline_row,
+    provenance_footer,
+    results_table,
+    rows,
+    table_row,
+    tree_row_records,
 )
-# The README's headline table: what a T5X user asks first.
-HEADLINE_HEADER = (
-    "| Task | Draft | T | γ | α | c | tokens per target call | Speed | identical |\n"
-    "|---|---|---|---|---|---|---|---|---|"
-)
-T5X_SAMPLER_MARK = "†"  # a T > 0 speed-up measured against T5X's Gumbel sampler alone
 
-
-def _fmt(x, spec: str = ".2f", unit: str = "") -> str:
-    return "–" if x is None else f"{x:{spec}}{unit}"
-
-
-def degenerate(m: dict[str, Any]) -> list[str]:
-    """Why this record's cost measurement is not a cost (`eval.costs.degenerate`; [] if sound),
-    checked from its step costs with today's rule (also for records written before the check).
-    """
-    from specdec_t5x.eval import costs as costs_lib
-
-    step_costs = m.get("step_costs") or {}
-    gamma = m["gamma"] if isinstance(m.get("gamma"), int) else max(map(int, m["gamma_sweep"]))
-    measured = {"c": m.get("c_measured"), "verify_cost_ratio": m.get("verify_cost_ratio")}
-    return costs_lib.degenerate({**step_costs, **measured}, gamma)
-
-
-def _cells(m: dict[str, Any]) -> dict[str, str]:
-    """The table cells of one flat record (`summary.flat`)."""
-    bad = degenerate(m)
-    auto = m["gamma"] == "auto"
-    speed = f"{m['speedup']:.2f}X"
-    if m.get("speedup_interval"):  # paired bootstrap 5–95 % over examples (auto rows)
-        speed += " ({:.2f}–{:.2f})".format(*m["speedup_interval"])
-    greedy = m["temperature"] == 0
-    if not greedy and "speedup_vs_t5x_sampler" in m:  # fair baseline; T5X's sampler beside it
-        speed += f" (vs T5X sampler {m['speedup_vs_t5x_sampler']:.2f}X)"
-    elif not greedy:
-        speed += T5X_SAMPLER_MARK
-    busy = provenance.busy_note(m.get("busy_machine"))  # timed while other work shared the CPU
-    speed += f" {busy}" if busy else ""
-    predicted = m.get("predicted_speedup") if auto else m.get("predicted_speedup_measured_verify")
-    tree = str(m["gamma"]).startswith("tree")  # Theorem 3.8 and the chain's verify/step: n/a
-    return {
-        "task": m["task"],
-        "draft": m["draft"],
-        "T": f"{m['temperature']:g}",
-        "γ": f"auto ({auto_choices(m)})" if auto else str(m["gamma"]),
-        "α": m["alpha_display"] if auto else f"{m['alpha_beta']:.2f}",
-        "c": f"n/a (degenerate: {'; '.join(bad)})" if bad else c_cell(m),
-        "verify/step": "–" if tree else "n/a" if bad else f"{m['verify_cost_ratio']:.2f}",
-        "tokens": _fmt(m["tokens_per_iteration"]),
-        "speed": speed,
-        "predicted": "–" if tree else "n/a" if bad else _fmt(predicted, ".2f", "X"),
-        "identical": _fmt(m["identical_fraction"]),
-    }
-
-
-def table_row(m: dict[str, Any]) -> str:
-    """One row of `TABLE_HEADER` (the paper's Table 2 with c, verify/step and tokens per target
-    call): γ, α (Corollary 3.6), c of the draft in the loop (its lone-loop value in brackets),
-    verify/step (the γ + 1-token verify call over one target step), tokens per target call, the
-    measured speed-up, Theorem 3.8 with the measured c and verify cost, and identical_fraction
-    (1.0 expected at T = 0; at T > 0 outputs are different samples of the same distribution).
-
-    At T > 0 the speed is against the fair baseline (the same draw as the speculative loop) with
-    T5X's sampler beside it; records from before the fair baseline are marked `T5X_SAMPLER_MARK`.
-    A degenerate cost measurement (`degenerate`) prints "n/a (degenerate: ...)", not numbers; a
-    run timed on a busy machine (`provenance.busy_machine`) has its speed marked
-    "⚠ busy (load 5.2 on 2 cores)". An auto-γ row shows the γ chosen per example (off = the
-    baseline alone), α or "off", its speed with the paired-bootstrap 5–95 % interval and its
-    prediction from the measured cost curve.
-
-    Args:
-      m: a `metrics.json` record, grouped or flat (`summary.flat`).
-    """
-    c = _cells(summary.flat(m))
-    keys = ("task", "draft", "T", "γ", "α", "c", "verify/step", "tokens", "speed", "predicted")
-    return "| " + " | ".join(c[k] for k in (*keys, "identical")) + " |"
-
-
-def headline_row(m: dict[str, Any]) -> str:
-    """One row of `HEADLINE_HEADER` (the README's table) from a `metrics.json` record."""
-    c = _cells(summary.flat(m))
-    keys = ("task", "draft", "T", "γ", "α", "c", "tokens", "speed", "identical")
-    return "| " + " | ".join(c[k] for k in keys) + " |"
-
-
-def c_cell(m: dict[str, Any]) -> str:
-    """The table's c: in the loop (the draft between verify calls), and its lone-loop value."""
-    alone = m.get("c_alone")
-    return f"{m['c_measured']:.3f}" + ("" if alone is None else f" ({alone:.3f} alone)")
-
-
-def auto_choices(m: dict[str, Any]) -> str:
-    """'off×a, baseline timing×b, 2×c, …' of an auto row (`auto_gamma.summarise_auto`)."""
-    timing = m.get("baseline_timing_examples", 0)
-    parts = []
-    for g, n in m["gamma_chosen"].items():
-        if g != "0":
-            parts.append(f"{g}×{n}")
-            continue
-        if n > timing:
-            parts.append(f"off×{n - timing}")
-        if timing:
-            parts.append(f"baseline timing×{timing}")
-    return ", ".join(parts)
-
-
-def auto_row_record(m: dict[str, Any]) -> dict[str, Any] | None:
-    """The auto-γ row of a run whose sweep included 'auto', as a flat record (None otherwise)."""
-    m = summary.flat(m)
-    if "auto" not in m or m["gamma"] == "auto":
-        return None
-    keys = (
-        "task",
-        "draft",
-        "temperature",
-        "c_measured",
-        "c_alone",
-        "verify_cost_ratio",
-        "step_costs",
-        "gamma_sweep",
-    )
-    return {**m["auto"], **{k: m[k] for k in keys if k in m}}
-
-
-def tree_row_records(m: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tree rows of a run whose sweep had trees, as flat records (γ column: the tree)."""
-    m = summary.flat(m)
-    keys = ("task", "draft", "temperature", "c_measured", "c_alone", "step_costs", "gamma_sweep")
-    keys += ("verify_cost_ratio",)  # the run's (the chain's) costs: for `degenerate` only
-    return [
-        {**row, "gamma": name, **{k: m[k] for k in keys if k in m}}
-        for name, row in (m.get("tree_sweep") or {}).items()
-    ]
-
-
-def rows(m: dict[str, Any], row=table_row) -> list[str]:
-    """A record's rows: its own, its sweep's tree rows, then its auto-γ row if it had them."""
-    auto = auto_row_record(m)
-    trees = [row(t) for t in tree_row_records(m)]
-    return [row(m), *trees] + ([] if auto is None else [row(auto)])
-
-
-def results_table(metrics_files: Sequence[str | os.PathLike]) -> str:
-    """Markdown table (Table 2 shape) of several runs' `metrics.json`, in the given order; a run
-    whose sweep included 'auto' adds its auto-γ row (`auto_table_row`) after its own row."""
-    out = []
-    for f in metrics_files:
-        out += rows(json.loads(pathlib.Path(f).read_text()))
-    return "\n".join([TABLE_HEADER, *out])
-
-
-def provenance_footer(metrics_files: Sequence[str | os.PathLike]) -> str:
-    """Where a `results_table` of these runs came from: one line when every run has one commit,
-    else one line per commit naming its runs' folders (with their parent folder when two runs'
-    folders share a name), their first and last dates and hardware (a table assembled from runs
-    at several commits must say which row came from which).
-
-    Raises ValueError if metrics_files is empty.
-    """
-    if not metrics_files:
-        raise ValueError("provenance_footer needs at least one metrics.json, got none")
-    paths = [pathlib.Path(f) for f in metrics_files]
-    runs = [summary.flat(json.loads(f.read_text())) for f in paths]
-    first = runs[0]
-    if len({m["commit"] for m in runs}) == 1:
-        return f"Hardware: {first['hardware']}; commit `{first['commit']}`; {first['date']}."
-    names = [f.parent.name for f in paths]
-    if len(set(names)) < len(names):  # the same run folder name under several tables
-        names = [f"{f.parent.parent.name}/{f.parent.name}" for f in paths]
-    lines = []
-    for commit in dict.fromkeys(m["commit"] for m in runs):
-        rows = [(n, m) for n, m in zip(names, runs, strict=True) if m["commit"] == commit]
-        dates = sorted(m["date"] for _, m in rows)
-        lines.append(
-            f"- {', '.join(name for name, _ in rows)}: commit `{commit}`, "
-            f"{dates[0]} to {dates[-1]}; {rows[0][1]['hardware']}."
-        )
-    return "Rows from more than one run:\n\n" + "\n".join(lines)
+__all__ = [  # this module's and, re-exported, `table_rows`'
+    "HEADLINE_HEADER",
+    "MEDIAN_HEADER",
+    "MEDIAN_HEADLINE_HEADER",
+    "SWEEP_MEDIAN_HEADER",
+    "T5X_SAMPLER_MARK",
+    "TABLE_HEADER",
+    "auto_choices",
+    "auto_row_record",
+    "c_cell",
+    "degenerate",
+    "fmt",
+    "headline_row",
+    "hf_comparison_table",
+    "kernel_path",
+    "median_row",
+    "prediction_row",
+    "provenance_footer",
+    "results_table",
+    "rows",
+    "speedup_plot",
+    "step_cost_table",
+    "sweep_median_rows",
+    "table_row",
+    "tree_row_records",
+    "write_eval_outputs",
+]
 
 
 def write_eval_outputs(out_dir, record, runs, gammas, headline, examples, vocabulary, eos_id):
@@ -366,9 +227,9 @@ def hf_comparison_table(result: dict[str, Any]) -> str:
         proposed = None if not m["baseline"] else m["proposed_per_call"]
         rows.append(
             f"| {library[m['library']]} | {m['label']} | {m['s_per_example']:.4f} "
-            f"| {_fmt(m['speedup'], '.2f', 'x')} | {m['target_calls'] / n:.1f} "
-            f"| {_fmt(m['tokens_per_target_call'])} | {_fmt(proposed)} "
-            f"| {_fmt(m['acceptance'])} | {own} | {hf_greedy} | {ours_greedy} |"
+            f"| {fmt(m['speedup'], '.2f', 'x')} | {m['target_calls'] / n:.1f} "
+            f"| {fmt(m['tokens_per_target_call'])} | {fmt(proposed)} "
+            f"| {fmt(m['acceptance'])} | {own} | {hf_greedy} | {ours_greedy} |"
         )
     searched = result.get("hf_lookup_first_searched_len", [])
     measured = (
@@ -459,19 +320,19 @@ def median_row(records: Sequence[dict[str, Any]], target: str = "", headline: bo
         target,
         f"{m0['temperature']:g}",
         str(m0["gamma"]),
-        _fmt(med([m["alpha_beta"] for m in flats if m.get("alpha_beta") is not None])),
-        _fmt(med([m["c_measured"] for m in sound]), ".3f") if sound else "n/a (degenerate)",
-        _fmt(med([m["verify_cost_ratio"] for m in sound])) if sound else "n/a",
-        _fmt(med([m["tokens_per_iteration"] for m in flats])),
+        fmt(med([m["alpha_beta"] for m in flats if m.get("alpha_beta") is not None])),
+        fmt(med([m["c_measured"] for m in sound]), ".3f") if sound else "n/a (degenerate)",
+        fmt(med([m["verify_cost_ratio"] for m in sound])) if sound else "n/a",
+        fmt(med([m["tokens_per_iteration"] for m in flats])),
         speed,
-        _fmt(med([m["predicted_speedup_measured_verify"] for m in sound]), ".2f", "X"),
-        _fmt(
+        fmt(med([m["predicted_speedup_measured_verify"] for m in sound]), ".2f", "X"),
+        fmt(
             med([m["predicted_speedup_measured_costs"] for m in sound
                  if m.get("predicted_speedup_measured_costs") is not None]),
             ".2f",
             "X",
         ),
-        _fmt(med([m["identical_fraction"] for m in flats])),
+        fmt(med([m["identical_fraction"] for m in flats])),
         str(len(flats)),
     ]  # fmt: skip
     if headline:  # no verify/step, no predictions
@@ -549,12 +410,12 @@ def sweep_median_rows(records: Sequence[dict[str, Any]], target: str = "") -> li
             f"{m0['temperature']:g}",
             name,
             "–" if have[0][0]["rows"] is None else str(have[0][0]["rows"]),
-            _fmt(med(alphas)) if alphas else "–",
-            _fmt(med(tokens)),
-            _fmt(med([e["tokens_per_iteration"] / f["tokens_per_iteration"] for e, f in have])),
+            fmt(med(alphas)) if alphas else "–",
+            fmt(med(tokens)),
+            fmt(med([e["tokens_per_iteration"] / f["tokens_per_iteration"] for e, f in have])),
             span(speeds).replace(" (", "X (", 1),
             span([e["speedup"] / f["speedup"] for e, f in have]),
-            _fmt(med([e["identical_fraction"] for e, _ in have])),
+            fmt(med([e["identical_fraction"] for e, _ in have])),
             str(len(have)),
         ]
         out.append("| " + " | ".join(cells) + " |")
