@@ -41,7 +41,7 @@ SHORT_RUN_CALLS = 10
 SHORT_RUN_REPEATS = 3
 # Gate reasons of a γ = 0 call that times the baseline (a measurement call: no prediction).
 _GATE_TIMING = ("gate_baseline", "gate_refresh")
-DEFAULT_GATE = speculation_gate.GateConfig()
+DEFAULT_GATE: speculation_gate.GateConfig | None = speculation_gate.GateConfig()
 
 
 def call_counts(decodes, aux: Mapping[str, Any] | None = None) -> tuple[int, int | None]:
@@ -83,7 +83,8 @@ class AutoGammaDecoder:
       clock: wall-clock seconds (None: `time.perf_counter`; tests inject a fake one to set
         timings).
       gate: the `speculation_gate.GateConfig` of the gate between the controller and the calls
-        (None: no gate, the controller's choice runs as it is).
+        (True: `DEFAULT_GATE`, read when the decoder is made; None or False: no gate, the
+        controller's choice runs as it is).
       cost_cache: where measured curves are kept across runs (`cost_cache.open_cache`: None →
         $SPECDEC_COST_CURVE_CACHE or ~/.cache/specdec_t5x/cost_curves/; False or '0' → off; a
         directory; a `cost_cache.CostCurveCache`).
@@ -122,7 +123,7 @@ class AutoGammaDecoder:
         trees: Sequence[Sequence[int]] = (),
         tree_rule: str = "without_replacement",
         clock: Callable[[], float] | None = None,
-        gate: speculation_gate.GateConfig | None = DEFAULT_GATE,
+        gate: speculation_gate.GateConfig | bool | None = True,
         cost_cache: Any = None,
         expected_calls: int | None = None,
         calibration_share: float = 0.1,
@@ -150,7 +151,9 @@ class AutoGammaDecoder:
         self.gamma_max, self.verification = gamma_max, verification
         self.threshold, self.prior_alpha = draft_confidence_threshold, prior_alpha
         self.cost_repeats = cost_repeats
-        self.gate_config, self.gate = gate, None
+        if gate is True:
+            gate = DEFAULT_GATE
+        self.gate_config, self.gate = (gate or None), None
         self.cache = cost_cache_lib.open_cache(cost_cache) if curve is None else None
         self.expected_calls, self.calibration_share = expected_calls, calibration_share
         self.calibration = {}  # what the curve's set-up did: source, seconds, rounds, key

@@ -67,7 +67,7 @@ class World:
         return tokens, aux
 
 
-def fake_decoder(world, gate=auto_gamma.DEFAULT_GATE, **kwargs):
+def fake_decoder(world, gate=True, **kwargs):
     """An `AutoGammaDecoder` on a given curve whose calls are the world's (no JAX decoding)."""
     spec_model = types.SimpleNamespace(
         module=None, draft=types.SimpleNamespace(params={}), cpu_weight_dtype="float32"
