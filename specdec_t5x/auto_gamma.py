@@ -334,7 +334,7 @@ class AutoGammaDecoder:
         }
         logger.info(
             "auto γ: cost curve %s, %d calibration rounds, %.1f s",
-            curve.source,
+            {"cache": "from the cache"}.get(curve.source, curve.source),
             self.calibration["rounds"],
             self.calibration["seconds"],
         )

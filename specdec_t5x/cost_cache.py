@@ -21,7 +21,7 @@ import pathlib
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -247,7 +247,7 @@ class Heartbeat:
     """Logs `what` and the seconds since it started every `every` seconds from a daemon thread,
     so a long measurement is never silent; `stage` names the current part.
 
-    Use as a context manager; `clock`/`interval` are for tests.
+    Use as a context manager; `every` and `log` are for tests.
     """
 
     def __init__(self, what: str, every: float = 30.0, log=None):
@@ -275,11 +275,3 @@ class Heartbeat:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-
-
-def stages(heartbeat: Heartbeat | None, names) -> Iterator:
-    """Yields `names`, setting the heartbeat's stage to each first."""
-    for name in names:
-        if heartbeat is not None:
-            heartbeat.stage = str(name)
-        yield name
