@@ -184,8 +184,9 @@ def test_a_paying_pair_switches_on_from_its_own_calls():
 
 def test_controller_alone_has_no_short_bound_which_is_why_the_gate_exists():
     """The controller alone, calibrated at the model (the calibration's load), then every
-    speculative call 1.5x slower: its rules need ≥ refute_min_calls own calls per γ before a
-    refutation and shrink ρ_s slowly, so γ > 0 runs for many more than N calls."""
+    speculative call 2x slower (0.77x of the baseline): its rules need `refute_min_calls` own
+    calls of each γ before refuting it and it rotates between γ = 3, 4, 2, 1 as their ρ_s rise,
+    so all of its first 12 calls speculate and lose (N = 6 with the gate)."""
     c = curve()
     ctrl = gamma_controller.GammaController(c, 0.7)
     for _ in range(4):
@@ -202,9 +203,10 @@ def test_controller_alone_has_no_short_bound_which_is_why_the_gate_exists():
             continue
         n = int(np.ceil(theory.expected_iterations([TOKENS], 0.7, g)[0]))
         ctrl.update(stats(0.7, n))
-        ctrl.observe(g, 1.5 * c.speculative_call_ms(g, n) / 1e3, TOKENS, n)
+        ctrl.observe(g, 2.0 * c.speculative_call_ms(g, n) / 1e3, TOKENS, n)
     first_off = gammas.index(0) if 0 in gammas else len(gammas)
-    assert first_off > speculation_gate.GateConfig().bound_calls
+    assert first_off == 12 and len(set(gammas[:first_off])) == 4
+    assert first_off >= 2 * speculation_gate.GateConfig().bound_calls
 
 
 def test_gate_unit_rules_with_a_stale_reference_refresh():
