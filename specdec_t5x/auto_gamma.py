@@ -321,7 +321,8 @@ class AutoGammaDecoder:
                 chains = {g: v for g, v in calls.items() if isinstance(g, int) and v}
                 if chains:
                     curve = cost_curve.calibrated(curve, chains)
-                curve = dataclasses.replace(curve, source="measured")
+                if curve.source != "measured":
+                    curve = dataclasses.replace(curve, source="measured")
                 if self.cache is not None:
                     self.cache.store(key, curve, self._now() - start)
         self._beat = None
