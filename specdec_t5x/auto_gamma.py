@@ -8,9 +8,9 @@ among the plans, `auto_trees.TreeChooser` runs a tree instead when its measured 
 the chains'. `summarise_auto` and `bootstrap_interval` make the eval job's row of such a run.
 
 A `speculation_gate.SpeculationGate` stands between the controller's choice and the call: the run
-starts on the baseline and speculates only once its own timed calls show that it pays, and stops
-within N = `GateConfig.window` (4) speculative calls once it does not (the bound's derivation:
-`speculation_gate`). The measured and calibrated curve is kept across runs in a JSON cache
+starts on the baseline and speculates only once its own timed calls show that it pays, and is
+back on γ = 0 within N = 6 calls (at most 4 of them speculative) once it does not
+(`GateConfig.bound_calls`; the bound's derivation: `speculation_gate`). The measured and calibrated curve is kept across runs in a JSON cache
 (`cost_cache`), so only the first run of a pair, shape and machine pays for it; the calibration is
 bounded (`calibration_share` of the run, at most `calibration_rounds` rounds; a short run of at
 most `SHORT_RUN_CALLS` calls measures a quick curve and no rounds) and logs its progress every 30 s.
