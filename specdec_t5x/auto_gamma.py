@@ -99,6 +99,12 @@ class AutoGammaDecoder:
         rule; trees with calibration_rounds = 0 or a given curve (a tree is only ever timed by
         its own calls, the first ones in the calibration).
 
+    The controller's `history` names the gate's decisions: a γ = 0 call the gate imposed has the
+    reason 'gate_baseline' (no baseline timed yet), 'gate_refresh' (re-timing it) or 'gate_off',
+    with the controller's plan as 'wanted'; an explored call keeps the controller's reason and
+    has 'gate': 'gate_explore'. `calibration` says where the curve came from ('source': 'cache',
+    'measured' or 'given'), its seconds and rounds.
+
     A plan is γ (an int, 0 = off) or a tree shape (a tuple). Use `decoder(batch, rng)`, or, to
     keep compilation out of a timed region, `choose()`, `compile(plan, batch)`, then the timed
     `decode(plan, batch, rng)`, `update(aux)` and `observe(plan, ...)`.
