@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 # repeats and no calibration rounds (4 rounds of 7 plans are 28 calls, several times the run).
 SHORT_RUN_CALLS = 10
 SHORT_RUN_REPEATS = 3
+# With the run's length known, calibration rounds fit in this share of its expected decode time.
+CALIBRATION_SHARE = 0.1
 # Gate reasons of a γ = 0 call that times the baseline (a measurement call: no prediction).
 _GATE_TIMING = ("gate_baseline", "gate_refresh")
 DEFAULT_GATE: speculation_gate.GateConfig | None = speculation_gate.GateConfig()
@@ -92,7 +94,7 @@ class AutoGammaDecoder:
         `SHORT_RUN_CALLS` measures a quick curve without calibration rounds, and longer runs
         bound their calibration rounds to `calibration_share` of their expected decode time.
       calibration_share: that share (the run's expected decode time: expected_calls times the
-        warm-up round's baseline call).
+        warm-up round's baseline call); None: `CALIBRATION_SHARE` (0.1).
 
     Raises:
       ValueError: gamma_max < 1 or calibration_rounds < 0 (or not ints); a bad tree shape or
@@ -132,7 +134,7 @@ class AutoGammaDecoder:
         gate: speculation_gate.GateConfig | bool | None = True,
         cost_cache: Any = None,
         expected_calls: int | None = None,
-        calibration_share: float = 0.1,
+        calibration_share: float | None = None,
     ):
         if not isinstance(gamma_max, int) or gamma_max < 1:
             raise ValueError(f"gamma_max must be an int >= 1; got gamma_max={gamma_max!r}.")
@@ -401,7 +403,9 @@ class AutoGammaDecoder:
                 if r >= 0:
                     calls[plan].append((seconds, *call_counts(decodes, aux)))
                 elif plan == 0 and self.expected_calls is not None:
-                    budget = self.calibration_share * self.expected_calls * seconds
+                    share = self.calibration_share
+                    share = CALIBRATION_SHARE if share is None else share
+                    budget = share * self.expected_calls * seconds
             last = self._now() - round_start
             spent += last if r >= 0 else 0.0
         return calls

@@ -356,7 +356,10 @@ def test_slow_trees_leave_the_chain_choices_as_without_trees(pair, monkeypatch):
 def test_eval_job_reports_auto_tree_choices_by_name(data_dir, tmp_path, monkeypatch):
     """AUTO_TREES wiring of the eval job: with the tree's measured speed-up forced high (the
     choice itself is tested above), the auto row names it and stays exact at T = 0."""
-    monkeypatch.setattr(auto_gamma, "DEFAULT_GATE", None)  # 3 calls: the chooser's choices
+    # 3 calls: the chooser's own choices, after the full calibration (no gate, not a short run).
+    monkeypatch.setattr(auto_gamma, "DEFAULT_GATE", None)
+    monkeypatch.setattr(auto_gamma, "SHORT_RUN_CALLS", 0)
+    monkeypatch.setattr(auto_gamma, "CALIBRATION_SHARE", 1e9)
     real_best = auto_trees.TreeChooser.best_tree
     monkeypatch.setattr(
         auto_trees.TreeChooser,
