@@ -6,10 +6,20 @@ jitted decoder per γ (γ = 0: the baseline) and asks a `gamma_controller.GammaC
 before every call (γ is static under `jit`, so the choice is made outside it). With token trees
 among the plans, `auto_trees.TreeChooser` runs a tree instead when its measured speed-up beats
 the chains'. `summarise_auto` and `bootstrap_interval` make the eval job's row of such a run.
+
+A `speculation_gate.SpeculationGate` stands between the controller's choice and the call: the run
+starts on the baseline and speculates only once its own timed calls show that it pays, and is
+back on γ = 0 within N = 6 calls (at most 4 of them speculative) once it does not
+(`GateConfig.bound_calls`; the bound's derivation: `speculation_gate`). The measured and calibrated curve is kept across runs in a JSON cache
+(`cost_cache`), so only the first run of a pair, shape and machine pays for it; the calibration is
+bounded (`calibration_share` of the run, at most `calibration_rounds` rounds; a short run of at
+most `SHORT_RUN_CALLS` calls measures a quick curve and no rounds) and logs its progress every 30 s.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -17,11 +27,23 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_t5x import auto_trees, gamma_controller, models, steps
+from specdec_t5x import auto_trees, gamma_controller, models, speculation_gate, steps
+from specdec_t5x import cost_cache as cost_cache_lib
 from specdec_t5x import tree as tree_lib
 from specdec_t5x.timing import cost_curve
 
 Array = jax.Array
+logger = logging.getLogger(__name__)
+
+# A run of at most this many calls is short: its curve is measured with `SHORT_RUN_REPEATS`
+# repeats and no calibration rounds (4 rounds of 7 plans are 28 calls, several times the run).
+SHORT_RUN_CALLS = 10
+SHORT_RUN_REPEATS = 3
+# With the run's length known, calibration rounds fit in this share of its expected decode time.
+CALIBRATION_SHARE = 0.1
+# Gate reasons of a γ = 0 call that times the baseline (a measurement call: no prediction).
+_GATE_TIMING = ("gate_baseline", "gate_refresh")
+DEFAULT_GATE: speculation_gate.GateConfig | None = speculation_gate.GateConfig()
 
 
 def call_counts(decodes, aux: Mapping[str, Any] | None = None) -> tuple[int, int | None]:
@@ -62,11 +84,28 @@ class AutoGammaDecoder:
       tree_rule: the trees' acceptance rule at T > 0 (`tree.TREE_RULES`).
       clock: wall-clock seconds (None: `time.perf_counter`; tests inject a fake one to set
         timings).
+      gate: the `speculation_gate.GateConfig` of the gate between the controller and the calls
+        (True: `DEFAULT_GATE`, read when the decoder is made; None or False: no gate, the
+        controller's choice runs as it is).
+      cost_cache: where measured curves are kept across runs (`cost_cache.open_cache`: None →
+        $SPECDEC_COST_CURVE_CACHE or ~/.cache/specdec_t5x/cost_curves/; False or '0' → off; a
+        directory; a `cost_cache.CostCurveCache`).
+      expected_calls: the run's number of calls, if known (the eval job sets it): a run of at most
+        `SHORT_RUN_CALLS` measures a quick curve without calibration rounds, and longer runs
+        bound their calibration rounds to `calibration_share` of their expected decode time.
+      calibration_share: that share (the run's expected decode time: expected_calls times the
+        warm-up round's baseline call); None: `CALIBRATION_SHARE` (0.1).
 
     Raises:
       ValueError: gamma_max < 1 or calibration_rounds < 0 (or not ints); a bad tree shape or
         rule; trees with calibration_rounds = 0 or a given curve (a tree is only ever timed by
         its own calls, the first ones in the calibration).
+
+    The controller's `history` names the gate's decisions: a γ = 0 call the gate imposed has the
+    reason 'gate_baseline' (no baseline timed yet), 'gate_refresh' (re-timing it) or 'gate_off',
+    with the controller's plan as 'wanted'; an explored call keeps the controller's reason and
+    has 'gate': 'gate_explore'. `calibration` says where the curve came from ('source': 'cache',
+    'measured' or 'given'), its seconds and rounds.
 
     A plan is γ (an int, 0 = off) or a tree shape (a tuple). Use `decoder(batch, rng)`, or, to
     keep compilation out of a timed region, `choose()`, `compile(plan, batch)`, then the timed
@@ -92,6 +131,10 @@ class AutoGammaDecoder:
         trees: Sequence[Sequence[int]] = (),
         tree_rule: str = "without_replacement",
         clock: Callable[[], float] | None = None,
+        gate: speculation_gate.GateConfig | bool | None = True,
+        cost_cache: Any = None,
+        expected_calls: int | None = None,
+        calibration_share: float | None = None,
     ):
         if not isinstance(gamma_max, int) or gamma_max < 1:
             raise ValueError(f"gamma_max must be an int >= 1; got gamma_max={gamma_max!r}.")
@@ -116,6 +159,14 @@ class AutoGammaDecoder:
         self.gamma_max, self.verification = gamma_max, verification
         self.threshold, self.prior_alpha = draft_confidence_threshold, prior_alpha
         self.cost_repeats = cost_repeats
+        if gate is True:
+            gate = DEFAULT_GATE
+        self.gate_config, self.gate = (gate or None), None
+        self.cache = cost_cache_lib.open_cache(cost_cache) if curve is None else None
+        self.expected_calls, self.calibration_share = expected_calls, calibration_share
+        self.calibration = {}  # what the curve's set-up did: source, seconds, rounds, key
+        if curve is not None:
+            curve = dataclasses.replace(curve, source="given")
         self.controller = None if curve is None else self._controller(curve)
         self._fns: dict[Any, Any] = {}
         self._compiled: set[tuple] = set()
@@ -130,6 +181,8 @@ class AutoGammaDecoder:
         controller = gamma_controller.GammaController(curve, self.prior_alpha, self.config)
         if self.trees:
             self.chooser = auto_trees.TreeChooser(controller, self.trees)
+        if self.gate_config is not None:
+            self.gate = speculation_gate.SpeculationGate(curve.baseline_call_ms, self.gate_config)
         return controller
 
     def _now(self) -> float:
@@ -181,56 +234,167 @@ class AutoGammaDecoder:
                 )
         return self._fns[gamma]
 
+    @property
+    def short_run(self) -> bool:
+        """Whether the run is known to make at most `SHORT_RUN_CALLS` calls."""
+        return self.expected_calls is not None and self.expected_calls <= SHORT_RUN_CALLS
+
+    def _repeats(self) -> int:
+        return min(self.cost_repeats, SHORT_RUN_REPEATS) if self.short_run else self.cost_repeats
+
+    def _rounds(self) -> int:
+        """Calibration rounds asked for: none in a short run (but one with trees: their only
+        timings are their own calls)."""
+        if self.short_run:
+            return min(self.calibration_rounds, 1) if self.trees else 0
+        return self.calibration_rounds
+
+    def _measurement(self) -> dict[str, Any]:
+        """How the curve is measured: part of its cache key (`cost_cache.curve_key`)."""
+        return {
+            "gamma_max": self.gamma_max,
+            "settings": sorted((k, str(v)) for k, v in self.settings.items()),
+            "verification": self.verification,
+            "draft_confidence_threshold": self.threshold,
+            "baseline_sampler": self.baseline_sampler,
+            "cost_repeats": self._repeats(),
+            "calibration_rounds": self._rounds(),
+            "trees": [list(map(str, t)) for t in self.trees],
+            "tree_rule": self.tree_rule,
+        }
+
     def choose(self, batch: Mapping[str, Array]) -> tuple[int | tuple[int, ...], float | None]:
         """(plan, predicted speedup) for the next call: γ, or a tree shape with its measured
-        speed-up (`auto_trees.TreeChooser.choose`); measures the cost curve on the first batch."""
+        speed-up (`auto_trees.TreeChooser.choose`), as the gate lets it run (0 with the gate's
+        reason in `controller.last_choice` otherwise); sets up the cost curve on the first batch
+        (from the cache, or measured and calibrated)."""
         if self.controller is None:
-            curve = cost_curve.measure_cost_curve(
-                self.spec_model,
-                self.target_params,
-                self.draft_params,
-                batch["encoder_input_tokens"],
-                batch["decoder_input_tokens"].shape[1],
-                self.gamma_max,
-                self.settings,
-                self.verification,
-                self.cost_repeats,
-                baseline_sampler=self.baseline_sampler,
-            )
-            calls = self._calibration_calls(batch) if self.calibration_rounds else {}
-            if calls:  # the trees have no modelled call to calibrate
-                chains = {g: v for g, v in calls.items() if isinstance(g, int)}
-                curve = cost_curve.calibrated(curve, chains)
-            self.controller = self._controller(curve)
-            # The calibration's baseline calls are real timed calls: they time the baseline, so
-            # the run itself spends no call on that (each would cost the speed-up it forgoes).
-            for seconds, longest, _ in calls.get(0, []):
-                self.controller.time_baseline(seconds, longest)
-            # ... and its speculative calls time each γ the same way (ρ_s), so that ρ_s and ρ_b
-            # start from calls of the same moment (see `gamma_controller.GammaController.time_speculative`).
-            for gamma in sorted(g for g in calls if isinstance(g, int) and g > 0):
-                for seconds, longest, iterations in calls[gamma]:
-                    self.controller.time_speculative(gamma, seconds, longest, iterations)
-            for shape in self.trees:  # a tree's calibration calls start its measured speed-up
-                for seconds, longest, _ in calls.get(shape, []):
-                    self.chooser.time_tree(shape, seconds, longest)
-        if self.chooser is not None:
-            return self.chooser.choose()
-        return self.controller.choose()
+            self._setup(batch)
+        c = self.controller
+        plan, predicted = self.chooser.choose() if self.chooser is not None else c.choose()
+        if self.gate is None:
+            return plan, predicted
+        run, reason = self.gate.choose(plan)
+        if run == plan:
+            if reason is not None:  # an exploration: the controller's plan, marked
+                c.last_choice = {**c.last_choice, "gate": reason}
+            return plan, predicted
+        c.exploring = False  # not the exploration the controller chose
+        predicted = None if reason in _GATE_TIMING else 1.0
+        wanted = auto_trees.plan_name(plan)
+        c.last_choice = {
+            "reason": reason,
+            "alpha": c.alpha,
+            "predicted": predicted,
+            "wanted": wanted,
+        }
+        return 0, predicted
+
+    def _setup(self, batch: Mapping[str, Array]) -> None:
+        """The curve (cached, or measured and calibrated, then cached), the controller, and the
+        calibration calls' timings fed to it; logs its progress every 30 s."""
+        start = self._now()
+        enc = batch["encoder_input_tokens"]
+        max_len = batch["decoder_input_tokens"].shape[1]
+        key = curve = None
+        if self.cache is not None:
+            pair = (self.spec_model, self.target_params, self.draft_params)
+            key = cost_cache_lib.curve_key(*pair, enc.shape, max_len, self._measurement())
+            curve = self.cache.load(key)
+        calls: dict[Any, list] = {}
+        with cost_cache_lib.Heartbeat("auto γ: cost curve and calibration") as beat:
+            self._beat = beat
+            if curve is not None:
+                curve = dataclasses.replace(curve, source="cache")
+                logger.info("auto γ: cost curve read from the cache (%s)", self.cache.path(key))
+                if self.trees:  # a tree is only ever timed by its own calls
+                    calls = self._calibration_calls(batch)
+            else:
+                curve = cost_curve.measure_cost_curve(
+                    self.spec_model,
+                    self.target_params,
+                    self.draft_params,
+                    enc,
+                    max_len,
+                    self.gamma_max,
+                    self.settings,
+                    self.verification,
+                    self._repeats(),
+                    baseline_sampler=self.baseline_sampler,
+                    progress=lambda stage: setattr(beat, "stage", f"cost curve: {stage}"),
+                )
+                calls = self._calibration_calls(batch) if self._rounds() else {}
+                # The trees have no modelled call to calibrate; a γ may have no call left when
+                # the budget stopped the rounds.
+                chains = {g: v for g, v in calls.items() if isinstance(g, int) and v}
+                if chains:
+                    curve = cost_curve.calibrated(curve, chains)
+                if curve.source != "measured":
+                    curve = dataclasses.replace(curve, source="measured")
+                if self.cache is not None:
+                    self.cache.store(key, curve, self._now() - start)
+        self._beat = None
+        self.calibration = {
+            "source": curve.source,
+            "seconds": self._now() - start,
+            "rounds": min((len(v) for v in calls.values()), default=0),
+            "cost_repeats": None if curve.source == "cache" else self._repeats(),
+            "cache_file": None if key is None else str(self.cache.path(key)),
+        }
+        logger.info(
+            "auto γ: cost curve %s, %d calibration rounds, %.1f s",
+            {"cache": "from the cache"}.get(curve.source, curve.source),
+            self.calibration["rounds"],
+            self.calibration["seconds"],
+        )
+        self.controller = self._controller(curve)
+        # The calibration's baseline calls are real timed calls: they time the baseline, so
+        # the run itself spends no call on that (each would cost the speed-up it forgoes).
+        for seconds, longest, _ in calls.get(0, []):
+            self.controller.time_baseline(seconds, longest)
+        # ... and its speculative calls time each γ the same way (ρ_s), so that ρ_s and ρ_b
+        # start from calls of the same moment (see `gamma_controller.GammaController.time_speculative`).
+        for gamma in sorted(g for g in calls if isinstance(g, int) and g > 0):
+            for seconds, longest, iterations in calls[gamma]:
+                self.controller.time_speculative(gamma, seconds, longest, iterations)
+        for shape in self.trees:  # a tree's calibration calls start its measured speed-up
+            for seconds, longest, _ in calls.get(shape, []):
+                self.chooser.time_tree(shape, seconds, longest)
 
     def _calibration_calls(self, batch: Mapping[str, Array]) -> dict[Any, list]:
-        """{plan: [(seconds, longest tokens, iterations)]}: `calibration_rounds` rounds of every
-        plan (γ in 0..gamma_max, then the trees) decoding `batch` after one discarded warm-up
-        round, each round in a seeded random order (drift hits all plans)."""
+        """{plan: [(seconds, longest tokens, iterations)]}: up to `calibration_rounds` rounds of
+        every plan (γ in 0..gamma_max, then the trees) decoding `batch` after one discarded
+        warm-up round, each round in a seeded random order (drift hits all plans).
+
+        With `expected_calls` known, a round starts only while the rounds so far plus one more
+        (timed as the last one) stay within `calibration_share` of the run's expected decode time
+        (expected_calls × the warm-up round's baseline call); one round always runs with trees."""
         plans = self.plans
+        beat = getattr(self, "_beat", None)
         for plan in plans:
+            if beat is not None:
+                beat.stage = f"compiling {auto_trees.plan_name(plan)}"
             self.compile(plan, batch)
         calls: dict[Any, list] = {p: [] for p in plans}
         order = np.random.default_rng(0)
+        rounds = self._rounds()
+        budget = last = None
+        spent = 0.0
         # Round -1 is a discarded warm-up: the first calls after compiling run well above their
         # later time while the executables take turns.
-        for r in range(-1, self.calibration_rounds):
+        for r in range(-1, rounds):
+            if r >= (1 if self.trees else 0) and budget is not None and spent + last > budget:
+                logger.info(
+                    "auto γ: calibration stopped after %d of %d rounds (budget %.1f s)",
+                    r,
+                    rounds,
+                    budget,
+                )
+                break
+            if beat is not None:
+                beat.stage = "calibration warm-up round" if r < 0 else f"calibration round {r + 1}"
             rng = jax.random.PRNGKey(max(r, 0))
+            round_start = self._now()
             for i in order.permutation(len(plans)):
                 plan = plans[int(i)]
                 start = self._now()
@@ -238,6 +402,12 @@ class AutoGammaDecoder:
                 seconds = self._now() - start
                 if r >= 0:
                     calls[plan].append((seconds, *call_counts(decodes, aux)))
+                elif plan == 0 and self.expected_calls is not None:
+                    share = self.calibration_share
+                    share = CALIBRATION_SHARE if share is None else share
+                    budget = share * self.expected_calls * seconds
+            last = self._now() - round_start
+            spent += last if r >= 0 else 0.0
         return calls
 
     def compile(self, gamma, batch: Mapping[str, Array]) -> None:
@@ -280,6 +450,8 @@ class AutoGammaDecoder:
             self.chooser.observe(gamma, seconds, longest, iterations)
         else:
             self.controller.observe(gamma, seconds, longest, iterations)
+        if self.gate is not None:
+            self.gate.observe(gamma, seconds, longest)
 
     def __call__(self, batch: Mapping[str, Array], rng: Array):
         """Chooses a plan, decodes, learns α and the timing; returns (decodes, aux + the plan as

@@ -47,6 +47,13 @@ class GammaController:
     η are kept per γ, shrunk toward the pooled value (`speculative_correction`,
     `iterations_correction`). `choose` applies the rules `config` sets and explains.
 
+    Bound: these rules alone reach γ = 0 only after `refute_min_calls` (3) own calls of each
+    predicted γ lose at their upper bound, or after ρ_s, pooled with the calibration's calls, has
+    moved enough, with no short bound: slowed to 0.77x of the baseline after a calibration at its
+    model, it ran 12 losing calls over γ = 3, 4, 2, 1 before γ = 0 (tests/test_speculation_gate.py). `auto_gamma.AutoGammaDecoder` therefore puts a
+    `speculation_gate.SpeculationGate` after `choose`: once speculation stops paying, γ = 0 within
+    N = W + 1 + ⌈W / (R − 1)⌉ = 6 calls (W = 4 judged speculative calls, R = 16; its docstring).
+
     Attributes:
       curve: the measured `CostCurve`.
       prior_alpha: α before any β was measured (None: probe with γ = 1); taken as known (no

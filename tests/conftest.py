@@ -16,6 +16,8 @@ from specdec_t5x.data import corpora
 # The command-line tools keep JAX's compiled programs in ~/.cache (`eval.cli`); tests that run
 # them in-process or as subprocesses leave it alone unless asked.
 os.environ.setdefault("SPECDEC_COMPILATION_CACHE", "0")
+# ... and auto γ's cost-curve cache (`cost_cache`): tests that use it pass a temporary one.
+os.environ.setdefault("SPECDEC_COST_CURVE_CACHE", "0")
 
 TINY = dict(
     emb_dim=8,

@@ -200,8 +200,8 @@ def test_auto_decoder_in_argmax_mode_equals_greedy_whatever_gamma(pair):
     settings = {"temperature": 0.0, "topk": 0, "topp": 0.0}
     baseline = models.EncoderDecoderModel(spec_model.module)
     want = baseline.predict_batch_with_aux(params, batch, decoder_params=settings)[0]
-    decoder = auto_gamma.AutoGammaDecoder(
-        spec_model, params, settings=settings, gamma_max=2, curve=curve(1.0, gamma_max=2)
+    decoder = auto_gamma.AutoGammaDecoder(  # no gate: the controller's probe runs first
+        spec_model, params, settings=settings, gamma_max=2, curve=curve(1.0, gamma_max=2), gate=None
     )
     rng = jax.random.PRNGKey(0)
     decodes, aux = decoder(batch, rng)  # first call: the γ = 1 probe
@@ -500,8 +500,8 @@ def test_auto_decoder_calibrates_its_curve_on_real_calls_of_every_gamma(pair, mo
     settings = {"temperature": 1.0, "topk": 0, "topp": 0.0}
     composed = curve(1.0, gamma_max=2)
     monkeypatch.setattr(cost_curve, "measure_cost_curve", lambda *a, **k: composed)
-    decoder = auto_gamma.AutoGammaDecoder(
-        spec_model, params, settings=settings, gamma_max=2, calibration_rounds=2
+    decoder = auto_gamma.AutoGammaDecoder(  # no gate: the controller's probe runs first
+        spec_model, params, settings=settings, gamma_max=2, calibration_rounds=2, gate=None
     )
     seen = []
     real_decode = decoder.decode

@@ -300,6 +300,7 @@ def test_auto_with_trees_in_argmax_mode_equals_greedy_and_runs_the_faster_tree(p
         gamma_max=2,
         calibration_rounds=2,
         trees=((2, 2), [3, 1]),
+        gate=None,  # the chooser's own choices (the gate: test_speculation_gate)
     )
     assert decoder.plans == [0, 1, 2, (2, 2), (3, 1)]
     clocked(decoder, lambda p: tree_seconds.get(p) or chain_seconds(p), seen)
@@ -334,7 +335,13 @@ def test_slow_trees_leave_the_chain_choices_as_without_trees(pair, monkeypatch):
     for trees in ((), ((2, 2),)):
         seen = []
         decoder = auto_gamma.AutoGammaDecoder(
-            spec_model, params, settings=GREEDY, gamma_max=1, calibration_rounds=1, trees=trees
+            spec_model,
+            params,
+            settings=GREEDY,
+            gamma_max=1,
+            calibration_rounds=1,
+            trees=trees,
+            gate=None,
         )
         clocked(decoder, lambda p: 50 * MS if isinstance(p, tuple) else chain_seconds(p), seen)
         runs[trees] = (run(decoder, batch, 10), decoder.controller)
@@ -349,6 +356,10 @@ def test_slow_trees_leave_the_chain_choices_as_without_trees(pair, monkeypatch):
 def test_eval_job_reports_auto_tree_choices_by_name(data_dir, tmp_path, monkeypatch):
     """AUTO_TREES wiring of the eval job: with the tree's measured speed-up forced high (the
     choice itself is tested above), the auto row names it and stays exact at T = 0."""
+    # 3 calls: the chooser's own choices, after the full calibration (no gate, not a short run).
+    monkeypatch.setattr(auto_gamma, "DEFAULT_GATE", None)
+    monkeypatch.setattr(auto_gamma, "SHORT_RUN_CALLS", 0)
+    monkeypatch.setattr(auto_gamma, "CALIBRATION_SHARE", 1e9)
     real_best = auto_trees.TreeChooser.best_tree
     monkeypatch.setattr(
         auto_trees.TreeChooser,

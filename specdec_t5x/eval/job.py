@@ -152,6 +152,8 @@ def evaluate(
         batches = inputs_lib.example_batches(
             examples, data.batch_size, data.input_len, data.target_len
         )
+        if fns["auto"] is not None:  # a short run starts without calibration rounds
+            fns["auto"].expected_calls = len(batches)
         interrupts = outputs.Interrupts()
         with interrupts.watch():
             rng0 = jax.random.PRNGKey(measure.seed)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -55,6 +55,8 @@ class CostCurve:
       interference_ms: what one iteration's model calls cost beyond γ lone draft steps and the
         verify call (`step_timer.time_decoder_steps`: the draft reloaded into the CPU's caches
         after each verify call), once per iteration (0: not measured).
+      source: where the curve came from: 'measured' in this run, 'cache' (read back from
+        `cost_cache.CostCurveCache`) or 'given' (passed in); not part of its equality.
     """
 
     block_step_ms: Mapping[int, float]
@@ -67,6 +69,7 @@ class CostCurve:
     speculative_fixed_ms: Mapping[int, float] = dataclasses.field(default_factory=dict)
     call_scale: Mapping[int, float] = dataclasses.field(default_factory=dict)
     interference_ms: float = 0.0
+    source: str = dataclasses.field(default="measured", compare=False)
 
     @property
     def gamma_max(self) -> int:
@@ -146,6 +149,7 @@ class CostCurve:
             "call_scale": {str(k): v for k, v in self.call_scale.items()},
             "interference_ms": self.interference_ms,
             "c": self.c,
+            "source": self.source,
         }
 
 
@@ -214,8 +218,12 @@ def measure_cost_curve(
     verification: str = "token",
     repeats: int = 20,
     baseline_sampler: str = "t5x",
+    progress: Callable[[str], None] | None = None,
 ) -> CostCurve:
     """The `CostCurve` of this model pair and shape; measured once per process, then cached.
+
+    `progress(stage)`, if given, is called as each measurement starts ('step costs', 'set-up',
+    'loop work', 'in-loop costs'; `cost_cache.Heartbeat` logs the current one every 30 s).
 
     The cache key is the model pair (object identity), the batch and encoder shape, the decode
     length, gamma_max, the sampling settings, the verification rule and the baseline's draw. T(k) is the step timer's
@@ -239,13 +247,17 @@ def measure_cost_curve(
         baseline_sampler,
     )
     if key not in _CURVES:
+        progress = progress or (lambda stage: None)
         pair = (spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len)
+        progress("step costs")
         costs = step_timer.step_costs(
             *pair, gamma_max, repeats=repeats, block_sizes=range(1, gamma_max + 2)
         )
+        progress("set-up")
         setup = overheads.measure_setup_ms(
             spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len, repeats
         )
+        progress("loop work")
         loop_work = measure_loop_work_ms(
             encoder_input_tokens.shape[0],
             spec_model.module.config.vocab_size,
@@ -260,6 +272,7 @@ def measure_cost_curve(
         # The step timer's loops price the target's calls below what the decode loops pay
         # (`loop_costs`): T(1) is taken from the baseline loop, and the k >= 2 calls are scaled by
         # the decode loop's verify call over the step timer's at k = gamma_max + 1.
+        progress("in-loop costs")
         in_loop = loops.loop_costs(
             *pair,
             gamma_max,

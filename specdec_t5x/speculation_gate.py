@@ -1,0 +1,229 @@
+"""Auto γ's gate: a run starts on the baseline and speculates only on its own timed evidence.
+
+`gamma_controller.GammaController` predicts each γ's speed-up from a cost curve measured before
+the run (and calibrated on the first batch) and refutes a γ only after `refute_min_calls` of its
+own calls lose even at their upper bound: a run of a handful of calls, or a machine whose load
+changed since the calibration, can lose to the baseline before any rule fires (a 5-example demo
+ran 0.69x: experiments/auto_gamma_short_runs/README.md). `SpeculationGate` sits between the
+controller's choice and the call and compares measured wall time only, on the run's own calls:
+
+* off (the start): every call is the baseline, except every `explore_every`-th call, which runs
+  the controller's plan (an exploration; the interval doubles after each failed verdict, up to
+  `explore_every · max_backoff`). After `evidence_calls` explored calls, on if their measured
+  speed-up exceeds `margin`, else off with the longer interval.
+* on: the controller's plan runs; the gate keeps the last `window` speculative calls and switches
+  off as soon as their measured speed-up is below 1 — against a baseline timed during the window:
+  if none was, it first re-times the baseline and judges the window against that call alone (a
+  machine slowed as a whole slows both alike); it also re-times the baseline when `refresh_every`
+  calls ran without one, so that the reference follows the machine's load.
+
+A speculative call's measured speed-up is ρ · baseline_ms(L) / wall, L its longest row's tokens,
+baseline_ms the cost curve's baseline call of L tokens (the call's shape: set-up and fixed work
+count) and ρ the median measured / modelled of the last `baseline_calls` baseline calls (the
+baseline as this machine runs it now); a set of calls' is ρ · Σ baseline_ms(L_i) / Σ wall_i.
+
+Bound N. If from some call on every speculative call is slower than the baseline as timed then
+(its speed-up < 1), the window holds only such calls after at most `window` (W) of them, so the
+gate is off — every later call γ = 0 except explorations — after W speculative calls and at most
+one re-timing of the baseline to judge them: within N = W + 1 + ⌈W / (R − 1)⌉ calls, counting the
+periodic re-timings among them (R = `refresh_every`): N = 4 + 1 + 1 = 6 calls with the defaults
+(`GateConfig.bound_calls`), of which at most 4 speculate. Explorations then cost at most one call in
+`explore_every` (4) while off, fewer after each failed verdict: a run that never pays loses at
+most (1 / explore_every) · (1 / s − 1) of the baseline's time at a speed-up s of its explored calls.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import numbers
+import statistics
+from collections.abc import Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class GateConfig:
+    """Knobs of `SpeculationGate` (module docstring: the rules and the bound they give).
+
+    Attributes:
+      explore_every: while off, every n-th call runs the controller's plan (>= 2).
+      evidence_calls: explored calls before a verdict (on / stay off), >= 1.
+      margin: measured speed-up the explored calls must exceed to switch on.
+      window: W, the speculative calls judged while on (>= 1): off once their speed-up < 1.
+      baseline_calls: B, baseline calls whose median measured / modelled is the reference ρ.
+      refresh_every: R, while on, a baseline call at least every R calls (>= 2).
+      max_backoff: the explore interval's largest multiple of `explore_every` (>= 1).
+
+    Raises:
+      ValueError: a knob out of its range.
+    """
+
+    explore_every: int = 4
+    evidence_calls: int = 2
+    margin: float = 1.02
+    window: int = 4
+    baseline_calls: int = 3
+    refresh_every: int = 16
+    max_backoff: int = 8
+
+    def __post_init__(self):
+        lows = {
+            "explore_every": 2,
+            "evidence_calls": 1,
+            "window": 1,
+            "baseline_calls": 1,
+            "refresh_every": 2,
+            "max_backoff": 1,
+        }
+        for name, low in lows.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"GateConfig.{name} must be an int >= {low}; got {value!r}.")
+        ok = isinstance(self.margin, numbers.Real) and math.isfinite(self.margin)
+        if not ok or self.margin <= 0:
+            raise ValueError(f"GateConfig.margin must be a finite number > 0; got {self.margin!r}.")
+
+    @property
+    def bound_calls(self) -> int:
+        """N in calls: W speculative calls, the re-timing that judges them and the periodic
+        re-timings among them."""
+        return self.window + 1 + math.ceil(self.window / (self.refresh_every - 1))
+
+
+def _speculative(plan) -> bool:
+    return plan != 0  # γ >= 1 or a tree shape
+
+
+class SpeculationGate:
+    """Lets the controller's plan run only while the run's own timed calls show it pays.
+
+    Args:
+      baseline_ms: modelled wall ms of a baseline call of L tokens (`CostCurve.baseline_call_ms`).
+      config: the knobs (None: `GateConfig()`).
+
+    Use `choose(plan)` before a call (returns the plan to run and, if the gate changed or marked
+    it, its reason, else None) and `observe(plan, seconds, longest_tokens)` after it.
+    `history` has one record per observed call: {'plan' (γ or tree shape), 'on', 'reason',
+    'speedup' (the call's measured speed-up; None for a baseline call)}.
+    """
+
+    def __init__(self, baseline_ms: Callable[[float], float], config: GateConfig | None = None):
+        self.baseline_ms = baseline_ms
+        self.config = GateConfig() if config is None else config
+        self.on = False
+        self.interval = self.config.explore_every
+        self.since_explore = 0
+        self.since_baseline = 0
+        self.ratios: collections.deque = collections.deque(maxlen=self.config.baseline_calls)
+        # Baseline calls' (call number, measured / modelled), enough to cover a window.
+        self.baseline_log: collections.deque = collections.deque(
+            maxlen=self.config.window + self.config.baseline_calls
+        )
+        # Speculative calls: (modelled baseline ms, wall ms, call number).
+        self.evidence: list[tuple[float, float, int]] = []  # explored calls while off
+        self.window: collections.deque = collections.deque(maxlen=self.config.window)
+        self.verdicts: list[dict] = []  # {'call', 'on', 'speedup'} at each switch decision
+        self.history: list[dict] = []
+        self.calls = 0
+        self.pending = False  # a full losing window waits for a fresh baseline call
+        self._reason: str | None = None
+
+    @property
+    def reference(self) -> float | None:
+        """ρ: median measured / modelled of the last `baseline_calls` baseline calls (None: none)."""
+        return statistics.median(self.ratios) if self.ratios else None
+
+    def speedup(self, calls, rho: float | None = None) -> float | None:
+        """ρ · Σ baseline ms / Σ wall ms over [(baseline ms, wall ms, call)] (ρ: the reference
+        unless given; None: no reference)."""
+        rho = self.reference if rho is None else rho
+        wall = sum(c[1] for c in calls)
+        if rho is None or not calls or wall <= 0:
+            return None
+        return rho * sum(c[0] for c in calls) / wall
+
+    def choose(self, plan):
+        """(plan to run, reason or None): the controller's `plan` unless the gate overrides it
+        ('gate_baseline': no baseline reference yet; 'gate_refresh': re-time the baseline while
+        on; 'gate_off': off and no exploration due) or marks it ('gate_explore')."""
+        cfg = self.config
+        if not _speculative(plan):
+            reason = None
+        elif self.reference is None:
+            plan, reason = 0, "gate_baseline"
+        elif self.on:
+            due = self.pending or self.since_baseline + 1 >= cfg.refresh_every
+            plan, reason = (0, "gate_refresh") if due else (plan, None)
+        elif self.since_explore + 1 >= self.interval:
+            reason = "gate_explore"
+        else:
+            plan, reason = 0, "gate_off"
+        self._reason = reason
+        return plan, reason
+
+    def observe(self, plan, seconds: float, longest_tokens: int) -> None:
+        """Records a timed call of `plan` (0: the baseline): the reference, the evidence or the
+        window, and the switch decisions they give."""
+        cfg = self.config
+        self.calls += 1
+        model = float(self.baseline_ms(max(int(longest_tokens), 1)))
+        wall = 1e3 * float(seconds)
+        speedup = None
+        if not _speculative(plan):
+            if model > 0 and wall > 0:
+                self.ratios.append(wall / model)
+                self.baseline_log.append((self.calls, wall / model))
+                if self.pending:  # judge the window against this fresh call alone
+                    self._judge()
+            self.pending = False
+            self.since_baseline = 0
+            self.since_explore += 1
+        else:
+            self.since_baseline += 1
+            call = (model, wall, self.calls)
+            speedup = self.speedup([call])
+            if self.on:
+                self.window.append(call)
+                if len(self.window) == cfg.window:
+                    self._judge()
+            else:
+                self.since_explore = 0
+                self.evidence.append(call)
+                if len(self.evidence) >= cfg.evidence_calls:
+                    measured = self.speedup(self.evidence)
+                    if measured is not None and measured > cfg.margin:
+                        self._switch(True, measured)
+                        self.window.extend(self.evidence)
+                        self.interval = cfg.explore_every
+                    else:
+                        self.verdicts.append({"call": self.calls, "on": False, "speedup": measured})
+                        top = cfg.explore_every * cfg.max_backoff
+                        self.interval = min(2 * self.interval, top)
+                    self.evidence = []
+        self.history.append(
+            {"plan": plan, "on": self.on, "reason": self._reason, "speedup": speedup}
+        )
+        self._reason = None
+
+    def _judge(self) -> None:
+        """Off if the full window's speed-up is below 1 against the baseline calls timed since
+        its first call (their median ratio); none: the next call re-times the baseline."""
+        during = [r for i, r in self.baseline_log if i > self.window[0][2]]
+        if not during:
+            measured = self.speedup(list(self.window))
+            self.pending = measured is not None and measured < 1.0
+            return
+        self.pending = False
+        measured = self.speedup(list(self.window), rho=statistics.median(during))
+        if measured is not None and measured < 1.0:
+            self._switch(False, measured)
+            self.interval = self.config.explore_every
+
+    def _switch(self, on: bool, measured: float) -> None:
+        self.on = on
+        self.verdicts.append({"call": self.calls, "on": on, "speedup": measured})
+        self.window.clear()
+        self.evidence = []
+        self.since_explore = 0
+        self.pending = False
