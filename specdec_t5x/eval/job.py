@@ -37,9 +37,10 @@ import jax
 import numpy as np
 import tqdm
 
-from specdec_t5x import auto_gamma, auto_trees, cpu_kernel, models, multihost, provenance, steps
+from specdec_t5x import cpu_kernel, models, multihost, provenance, steps
 from specdec_t5x import inputs as inputs_lib
 from specdec_t5x import sampling as sampling_lib
+from specdec_t5x.auto import auto_gamma, auto_trees
 from specdec_t5x.eval import checks, config, costs, diagnostics, outputs, summary, tables
 from specdec_t5x.timing import clock
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from specdec_t5x import auto_gamma, metrics, speculative, theory
+from specdec_t5x import metrics, speculative, theory
+from specdec_t5x.auto import auto_gamma
 
 STAT_KEYS = [f.name for f in dataclasses.fields(speculative.SpeculativeStats)]
 
