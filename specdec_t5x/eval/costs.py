@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from specdec_t5x import models
+from specdec_t5x.eval import rows
 from specdec_t5x.timing import loops, overheads
 
 logger = logging.getLogger(__name__)
@@ -35,21 +36,6 @@ def timed(fn, *args, compiles=None) -> tuple[Any, float]:
     if compiles is not None:
         compiles.active = False
     return out, seconds
-
-
-def speculative_fn(spec_model, decoder_params: dict[str, Any]):
-    """Jitted `(target_params, draft_params, batch, rng) -> (tokens, aux)` at fixed settings."""
-
-    def predict(target_params, draft_params, batch, rng):
-        return spec_model.predict_batch_with_aux(
-            target_params,
-            batch,
-            rng,
-            decoder_params=decoder_params,
-            draft_params=draft_params,
-        )
-
-    return jax.jit(predict)
 
 
 class RunCostCalls:
@@ -75,9 +61,9 @@ class RunCostCalls:
         base_short = jax.jit(
             lambda tp, b, rng: baseline.predict_batch_with_aux(tp, b, rng, decoder_params=short)[0]
         )
-        spec_short = speculative_fn(spec_model, {**short, "gamma": gamma})
-        free_full = speculative_fn(free, {**settings, "gamma": gamma})
-        free_short = speculative_fn(free, {**short, "gamma": gamma})
+        spec_short = rows.speculative_fn(spec_model, {**short, "gamma": gamma})
+        free_full = rows.speculative_fn(free, {**settings, "gamma": gamma})
+        free_short = rows.speculative_fn(free, {**short, "gamma": gamma})
         self.fns = {
             "cost:baseline:short": lambda tp, dp, b, rng: base_short(tp, b, rng),
             "cost:speculative:short": spec_short,

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import decoding, drafts, models, speculative, steps
+from specdec_t5x import decoding, drafts, speculative, steps
 from specdec_t5x.timing import clock, overheads, step_timer
 
 Array = jax.Array
@@ -116,7 +116,7 @@ def loop_costs(
 
     def baseline_loop(eos):
         def run(tp, e, tc, n):
-            step = models.one_token_logits_fn(steps.make_block_step(module, tp, e))
+            step = clock.one_token_logits(steps.make_block_step(module, tp, e))
             out = decoding.temperature_sample(
                 inputs, tc, step, eos, rng, max_decode_steps=n, sampler=baseline_sampler, **settings
             )[0].reshape(batch, -1)
@@ -429,7 +429,7 @@ def run_costs(
 
 
 def measure_step_costs(
-    spec_model: models.SpeculativeEncoderDecoderModel,
+    spec_model,
     target_params,
     draft_params,
     encoder_input_tokens: np.ndarray,
