@@ -259,6 +259,10 @@ def evaluate(
         result = summary.group(flat)
         if jax.process_index() == 0:
             with phase("report: write outputs"):
+                if jax.process_count() > 1:  # every process's examples, gathered
+                    out.append_predictions(
+                        _all_predictions(runs, headline_key, examples, vocabulary, eos_id)
+                    )
                 tables.write_eval_outputs(
                     out.path, result, runs, gammas, headline_key, examples, vocabulary, eos_id
                 )
@@ -361,7 +365,7 @@ def _decode_all(
     rng0 = jax.random.PRNGKey(seed)
     local = multihost.local_batches(len(batches))  # all batches with one process
     report_every = max(1, len(local) // 10)
-    starts = np.cumsum([0] + [n for n, _ in batches])
+    starts = np.cumsum([0] + [n for n, _ in batches]).tolist()
     for done, i in enumerate(tqdm.tqdm(local, desc=desc, unit="batch"), start=1):
         n, batch = batches[i]
         rng = jax.random.fold_in(rng0, i)
@@ -403,11 +407,13 @@ def _decode_all(
             runs[key].seconds += [seconds / n] * n
             runs[key].tokens += [np.asarray(tokens[r], np.int32) for r in range(n)]
             runs[key].stats += per_row[key]
-        if record is None:
-            out.append_batch(
-                _record(i, results, entries, batch_choices),
-                _predictions(results, per_row, headline_key, examples[int(starts[i]) :], n, texts),
-            )
+        if record is None:  # one process: its lines as the batch finishes; else all at the end
+            lines = []
+            if jax.process_count() == 1:
+                lines = _predictions(
+                    results, per_row, headline_key, examples[starts[i] :], n, texts
+                )
+            out.append_batch(_record(i, results, entries, batch_choices), lines)
         if done % report_every == 0 or done == len(local):
             logger.info("decoded %d/%d batches (%d%%)", done, len(local), 100 * done // len(local))
     extra = {"choices": choices} if choices else {}
@@ -443,6 +449,22 @@ def _record(i, results, entries, choices) -> dict[str, Any]:
     if choices:
         record["choices"] = [list(c) for c in choices]
     return record
+
+
+def _all_predictions(runs, headline_key, examples, vocabulary, eos_id) -> list[dict[str, Any]]:
+    """Every example's `predictions.jsonl` line, from the gathered runs (several processes)."""
+    base, head = runs["baseline"], runs[headline_key]
+    return [
+        tables.prediction_row(
+            ex,
+            (base.tokens[i], head.tokens[i]),
+            (base.seconds[i], head.seconds[i]),
+            head.stats[i],
+            vocabulary,
+            eos_id,
+        )  # fmt: skip
+        for i, ex in enumerate(examples)
+    ]
 
 
 def _predictions(results, per_row, headline_key, examples, n, texts) -> list[dict[str, Any]]:
