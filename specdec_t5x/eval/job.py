@@ -10,7 +10,7 @@ rows (`eval.rows.Row`, built by the row factory `eval.lineup.build`): the baseli
 per fixed γ, one row per token tree and auto γ's row (`specdec_t5x.auto.row`).
 
 The costs phase prices c and verify/step with the step timer alone (one cheap probe: a few small
-compiles of single decoder steps); the run's own extra calls (`costs.RunCostCalls`, 4 more decode
+compiles of single decoder steps); the run's own extra calls (`cost_probe.RunCostCalls`, 4 more decode
 loops) and the loops' own work run only with `MeasureConfig.diagnostics` (and `loop_costs`).
 
 Timing rules (so ratios mean something):
@@ -46,7 +46,7 @@ import tqdm
 from specdec_t5x import cpu_kernel, models, multihost, provenance, steps
 from specdec_t5x import inputs as inputs_lib
 from specdec_t5x import sampling as sampling_lib
-from specdec_t5x.eval import checks, config, costs, diagnostics, lineup, outputs, summary, tables
+from specdec_t5x.eval import checks, config, lineup, outputs, summary, tables
 from specdec_t5x.eval import rows as rows_lib
 
 logger = logging.getLogger(__name__)
@@ -155,9 +155,7 @@ def evaluate(
                 spec_model, target_params, draft_params, settings, speculation, measure
             )
             baseline_sampler = rows[0].sampler
-            cost_calls = None  # the run's own extra calls: only with the diagnostics
-            if measure.loop_costs and measure.diagnostics:
-                cost_calls = costs.RunCostCalls(spec_model, rows[0].model, settings, costs_gamma)
+            cost_calls = lineup.cost_calls(spec_model, rows, settings, costs_gamma, measure)
         params = (target_params, draft_params)
         interrupts = outputs.Interrupts()
         with interrupts.watch():
@@ -174,7 +172,7 @@ def evaluate(
                 )  # fmt: skip
             interrupts.check()
             with phase("costs: c and verify/step"):
-                run_costs, work = costs.measure(
+                run_costs, work = lineup.measure_costs(
                     spec_model,
                     target_params,
                     draft_params,
@@ -221,7 +219,7 @@ def evaluate(
                     row.report(flat, runs, context)
             if measure.diagnostics and gamma != "auto":
                 with phase("report: diagnostics (where the time goes)"):
-                    budget = diagnostics.eval_time_budget(
+                    budget = lineup.time_budget(
                         spec_model, target_params, draft_params, first, flat, runs,
                         rows_per_call, gamma=gamma, settings=settings,
                         repeats=measure.cost_repeats, loop=work,
@@ -360,7 +358,7 @@ def _decode_all(
     runs = {row.key: summary.Run() for row in rows}
     names = [*by_key, *([] if cost_calls is None else cost_calls.fns)]  # beside them
     choices = []  # auto row: (γ chosen, its predicted speedup) per example
-    compiles = costs.CompileCounter()
+    compiles = rows_lib.CompileCounter()
     jax.monitoring.register_event_duration_secs_listener(compiles)
     rng0 = jax.random.PRNGKey(seed)
     local = multihost.local_batches(len(batches))  # all batches with one process
@@ -372,7 +370,7 @@ def _decode_all(
         record = out.restored.get(i)
         if record is None:
             results, entries, chose = {}, [], None
-            for name in rows_lib.call_order(names, i, seed):  # seeded random order per batch
+            for name in lineup.call_order(names, i, seed):  # seeded random order per batch
                 interrupts.check()
                 if name not in by_key:
                     entries.append(cost_calls.time(name, *params, batch, rng, compiles))
@@ -427,7 +425,7 @@ def _decode_one(row, batch, rng, compiles):
     """One timed call of a row: (tokens int32 [batch, len], seconds, stats or None, the row's
     choice to record or None), NumPy."""
     row.prepare(batch)  # untimed (auto γ: choose and compile its plan)
-    (tokens, stats), seconds = costs.timed(row.decode, batch, rng, compiles=compiles)
+    (tokens, stats), seconds = rows_lib.timed(row.decode, batch, rng, compiles=compiles)
     tokens, stats = rows_lib.host(tokens, stats)
     return tokens, seconds, stats, row.observe(seconds, tokens, stats)
 

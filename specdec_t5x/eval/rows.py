@@ -11,6 +11,7 @@ place the job calls the speculative model.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Hashable, Mapping
 from typing import Any, Protocol
 
@@ -18,7 +19,6 @@ import jax
 import numpy as np
 
 from specdec_t5x import models, sampling, steps
-from specdec_t5x.timing import clock
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +28,6 @@ Batch = Mapping[str, Any]
 # inverse CDF), so that a T > 0 speed-up is speculation alone; T5X's Gumbel draw is timed beside it
 # ('baseline_t5x', `speedup_vs_t5x_sampler`). At T = 0 both are the argmax: one baseline.
 BASELINE_SAMPLER = "inverse_cdf"
-
-call_order = clock.call_order  # the rows' seeded random order per batch
 
 
 class Row(Protocol):
@@ -152,6 +150,29 @@ class ChainRow(_Jitted):
 
 class TreeRow(ChainRow):
     """Speculative decoding with a token tree (one target call per tree per iteration)."""
+
+
+def timed(fn, *args, compiles=None) -> tuple[Any, float]:
+    """(result, wall seconds) of `fn(*args)` including `block_until_ready`."""
+    if compiles is not None:
+        compiles.active = True
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    seconds = time.perf_counter() - start
+    if compiles is not None:
+        compiles.active = False
+    return out, seconds
+
+
+class CompileCounter:
+    """Counts XLA compilations while active (the timed loop must cause none)."""
+
+    def __init__(self):
+        self.count, self.active = 0, False
+
+    def __call__(self, event: str, duration_s: float, **kwargs) -> None:
+        if self.active and event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
 
 
 def host(tokens, stats):
