@@ -61,7 +61,7 @@ commonly overridden macros (gin/runs/eval.gin):
   TEMPERATURE      0 = argmax; TOPK / TOPP filters BATCH_SIZE    examples per call (1)
   INPUT_LEN        encoder length (64)             TARGET_LEN    max decode length (64)
   SPLIT            task split ('test')             SEED          sampling seed (0)
-  LOOP_COSTS       c from the run's own calls (True)  DIAGNOSTICS  where the time goes (False)
+  DIAGNOSTICS      where the time goes, and (LOOP_COSTS, True) c from the run's own calls (False)
   TREES            token-tree rows, e.g. "[(2, 2), ((0,), (1,), (0, 0))]"   TREE_RULE  at T > 0
 """
 
