@@ -33,8 +33,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_t5x import auto_gamma, provenance
 from specdec_t5x import inputs as inputs_lib
+from specdec_t5x import provenance
+from specdec_t5x.auto import auto_gamma
 from specdec_t5x.eval import tables
 from specdec_t5x.timing import clock, cost_curve
 

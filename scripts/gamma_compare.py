@@ -23,9 +23,9 @@ import gin  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import gamma_compare
-from specdec_t5x import embedded, gin_utils
+from specdec_t5x import embedded
 from specdec_t5x import inputs as inputs_lib
-from specdec_t5x.eval import cli as eval_main
+from specdec_t5x.eval import pairs
 
 DEFAULT_EXPERIMENTS = [
     "gin/experiments/embedded_ende_model_t0.gin",
@@ -37,7 +37,6 @@ SUMMARIZATION = [
 ]
 if all(embedded.params_path(n).is_file() for n in ("embedded_sum_target", "embedded_sum_draft")):
     DEFAULT_EXPERIMENTS += SUMMARIZATION  # both tasks once the summarization pair is trained
-BUILD = ["spec/gin_utils.build.obj = %SPEC_MODEL", "params/gin_utils.build.obj = %TARGET_PARAMS"]
 
 
 def main(argv):
@@ -48,11 +47,7 @@ def main(argv):
     results = {}
     for experiment in files or DEFAULT_EXPERIMENTS:
         gin.clear_config()
-        eval_main.parse_config([experiment], [*bindings, *BUILD], finalize=False)
-        with gin.config_scope("spec"):
-            spec_model = gin_utils.build()
-        with gin.config_scope("params"):
-            target_params = gin_utils.build()
+        spec_model, target_params, _ = pairs.load_pair_from_gin([experiment], bindings)
         query = lambda name: gin.query_parameter(f"%{name}")  # noqa: E731
         settings = {k.lower(): query(k) for k in ("TEMPERATURE", "TOPK", "TOPP")}
         examples, _, _ = inputs_lib.load_examples(

@@ -61,6 +61,17 @@ def pad_rows(
     return out
 
 
+def input_width(num_tokens: int, input_len: int) -> int:
+    """The encoder width a text of `num_tokens` tokens (EOS included) is padded to: `input_len`,
+    or `input_len` times the smallest power of two that holds it (64 -> 64, 65 -> 128, 200 -> 256
+    for input_len 64), so the compiled programs are one per doubling, not one per length (the
+    encoder runs at the length bucket that holds the text, `steps.bucketed`)."""
+    width = input_len
+    while width < num_tokens:
+        width *= 2
+    return width
+
+
 def decode_batch(
     encoder_rows: Sequence[Sequence[int]], input_len: int, max_decode_len: int
 ) -> dict[str, jax.Array]:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from conftest import encoder_inputs, perturbed
 
-from specdec_t5x import auto_gamma, drafts, gamma_controller, models, speculative, theory
+from specdec_t5x import drafts, models, speculative, theory
+from specdec_t5x.auto import auto_gamma, gamma_controller
 from specdec_t5x.eval import tables
 from specdec_t5x.timing import cost_curve, loops
 

@@ -6,17 +6,8 @@ import numpy as np
 import pytest
 from conftest import encoder_inputs, perturbed, tiny_spec_pair
 
-from specdec_t5x import (
-    auto_gamma,
-    auto_trees,
-    drafts,
-    gamma_controller,
-    models,
-    sampling,
-    speculative,
-    theory,
-    tree,
-)
+from specdec_t5x import drafts, models, sampling, speculative, theory, tree
+from specdec_t5x.auto import auto_gamma, auto_trees, gamma_controller
 from specdec_t5x.eval import config, job, summary, tables
 from specdec_t5x.timing import cost_curve
 

@@ -58,7 +58,6 @@ from specdec_t5x import provenance  # noqa: E402
 from specdec_t5x import tree as tree_lib  # noqa: E402
 
 EXPERIMENT = "gin/experiments/embedded_ende_model_t0.gin"
-BUILD = ["spec/gin_utils.build.obj = %SPEC_MODEL", "params/gin_utils.build.obj = %TARGET_PARAMS"]
 
 
 def _parse_tree(text: str) -> tree_lib.TreeShape:
@@ -89,19 +88,12 @@ def load_pair(target_shape: str | None, experiment: str = EXPERIMENT):
     """(spec_model, target_params, draft_params, encoder tokens int32 [1, input_len], max_len)."""
     import gin
 
-    from specdec_t5x import gin_utils
     from specdec_t5x import inputs as inputs_lib
-    from specdec_t5x.eval import cli as eval_cli
+    from specdec_t5x.eval import pairs
 
-    bindings = list(BUILD)
-    if target_shape:
-        bindings.append(f"TARGET_SHAPE = '{target_shape}'")
+    bindings = [f"TARGET_SHAPE = '{target_shape}'"] if target_shape else []
     gin.clear_config()
-    eval_cli.parse_config([experiment], bindings, finalize=False)
-    with gin.config_scope("spec"):
-        spec_model = gin_utils.build()
-    with gin.config_scope("params"):
-        target_params = gin_utils.build()
+    spec_model, params, draft_params = pairs.load_pair_from_gin([experiment], bindings)
     query = lambda name: gin.query_parameter(f"%{name}")  # noqa: E731
     examples, _, _ = inputs_lib.load_examples(
         query("TASK"), query("SPLIT"), 1, query("INPUT_LEN"), query("TARGET_LEN"),
@@ -109,8 +101,6 @@ def load_pair(target_shape: str | None, experiment: str = EXPERIMENT):
     )  # fmt: skip
     max_len = int(query("TARGET_LEN"))
     batch = inputs_lib.decode_batch([examples[0]["inputs"]], int(query("INPUT_LEN")), max_len)
-    params = spec_model.pack_params(target_params)
-    draft_params = spec_model.draft.pack_params(spec_model.draft.params)
     return spec_model, params, draft_params, batch["encoder_input_tokens"], max_len
 
 

@@ -74,10 +74,10 @@ def greedy_ranks(experiment: str, num_examples: int, split: str | None = None):
 
     from specdec_t5x import gin_utils
     from specdec_t5x import inputs as inputs_lib
-    from specdec_t5x.eval import cli as eval_cli
+    from specdec_t5x.eval import pairs
 
     gin.clear_config()
-    eval_cli.parse_config([experiment], [], finalize=False)
+    pairs.parse_config([experiment], [], finalize=False)
     if "DRAFT_MODEL" not in gin_utils.defined_macros():
         raise ValueError(
             f"{experiment} has no DRAFT_MODEL macro: tree_ceiling ranks a T5 draft's choices "
@@ -85,7 +85,7 @@ def greedy_ranks(experiment: str, num_examples: int, split: str | None = None):
         )
     gin.clear_config()
     bindings = [] if split is None else [f"SPLIT = '{split}'"]
-    eval_cli.parse_config([experiment], [*BUILD, *bindings], finalize=False)
+    pairs.parse_config([experiment], [*BUILD, *bindings], finalize=False)
     built = {}
     for scope in ("target", "draft", "tparams", "dparams", "shortlist"):
         with gin.config_scope(scope):

@@ -19,7 +19,7 @@ run of the same shapes loads them instead of compiling (`use_compilation_cache`)
 
 from __future__ import annotations
 
-import inspect
+import argparse
 import json
 import logging
 import os
@@ -30,8 +30,9 @@ from collections.abc import Callable, Sequence
 import gin
 import jax
 
-from specdec_t5x import decoding, gin_utils, multihost, provenance, speculative
+from specdec_t5x import gin_utils, multihost, provenance
 from specdec_t5x.eval import job, outputs, summary, tables
+from specdec_t5x.eval.pairs import PER_CALL_PARAMETERS, PER_CALL_ROUTE, parse_config  # noqa: F401
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (imported by seqio) is chatty
 
@@ -60,7 +61,7 @@ commonly overridden macros (gin/runs/eval.gin):
   TEMPERATURE      0 = argmax; TOPK / TOPP filters BATCH_SIZE    examples per call (1)
   INPUT_LEN        encoder length (64)             TARGET_LEN    max decode length (64)
   SPLIT            task split ('test')             SEED          sampling seed (0)
-  LOOP_COSTS       c from the run's own calls (True)  DIAGNOSTICS  where the time goes (False)
+  DIAGNOSTICS      where the time goes, and (LOOP_COSTS, True) c from the run's own calls (False)
   TREES            token-tree rows, e.g. "[(2, 2), ((0,), (1,), (0, 0))]"   TREE_RULE  at T > 0
 """
 
@@ -74,44 +75,6 @@ DEFAULT_CACHE_DIR = "~/.cache/specdec_t5x/jax_cache"
 # default threshold of 1 s, yet together they are most of the compile phase.
 CACHE_MIN_COMPILE_TIME_S = 0.0
 CACHE_MIN_ENTRY_SIZE_BYTES = 0  # JAX's default: no size floor
-
-
-def _parameters(fn) -> list[str]:
-    return list(inspect.signature(fn).parameters)
-
-
-# Every argument of the two samplers is set by the job: GAMMA / TEMPERATURE / TOPK / TOPP / SEED /
-# TARGET_LEN through `job.evaluate`, the rest by the models per call (T5X's keywords) or left
-# at their defaults for baseline and speculative decoding alike (token verification, no early exit:
-# block verification and early exit are compared by scripts/gamma_compare.py). A gin binding
-# of any of them would be overridden, or would change one decoder or one row only, so it is an error.
-PER_CALL_PARAMETERS = [
-    *(f"speculative.speculative_sample.{p}" for p in _parameters(speculative.speculative_sample)),
-    *(f"decoding.temperature_sample.{p}" for p in _parameters(decoding.temperature_sample)),
-    *(
-        f"models.{m}.default_decoder_params"
-        for m in ("EncoderDecoderModel", "SpeculativeEncoderDecoderModel")
-    ),
-]
-PER_CALL_ROUTE = (
-    "the GAMMA / TREES / TREE_RULE / TEMPERATURE / TOPK / TOPP / SEED / TARGET_LEN macros (e.g. "
-    "--gin.GAMMA=3); every "
-    "row verifies token by token without early exit (block verification and early exit: "
-    "scripts/gamma_compare.py)"
-)
-
-
-def parse_config(files: Sequence[str], bindings: Sequence[str], finalize: bool = True) -> None:
-    """Parses `gin/runs/eval.gin` + files + bindings; rejects bindings the job cannot honour.
-
-    Raises:
-      ValueError: an unset required macro, a macro binding nothing uses (a typo), or a binding of
-        a sampler parameter the job sets per call (`PER_CALL_PARAMETERS`).
-    """
-    gin_utils.parse(["gin/runs/eval.gin", *files], bindings, finalize=False)
-    gin_utils.reject_bindings(PER_CALL_PARAMETERS, PER_CALL_ROUTE)
-    if finalize:
-        gin.finalize()
 
 
 def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str], dict]:
@@ -197,6 +160,22 @@ def print_results(metrics: dict, out_dir: str) -> None:
             f"{flips['max_float32_logit_gap']}); details: metrics.json 'exactness'"
         )
     print(f"results: {out_dir}")
+
+
+def add_cache_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the command-line tools' shared flags: --compilation_cache_dir=DIR,
+    --no_compilation_cache and --verbose (`use_cache_flags` applies the first two)."""
+    parser.add_argument("--compilation_cache_dir", metavar="DIR")
+    parser.add_argument("--no_compilation_cache", action="store_true")
+    parser.add_argument("--verbose", action="store_true")
+    return parser
+
+
+def use_cache_flags(args: argparse.Namespace) -> None:
+    """`use_compilation_cache` as `add_cache_flags`' flags ask."""
+    use_compilation_cache(
+        compilation_cache_dir(args.compilation_cache_dir, args.no_compilation_cache)
+    )
 
 
 def compilation_cache_dir(flag_dir: str | None = None, off: bool = False) -> str | None:

@@ -5,8 +5,13 @@ alone) and with `speculative.speculative_sample` (target + draft), same target w
 inputs, same sampling settings, and reports what the paper reports (Tables 2-4): γ, α (counted
 and Corollary-3.6 β estimate), the cost coefficient c measured in the same run, tokens per
 iteration, measured walltime speedup and the Theorem 3.8 prediction. It runs in labelled phases
-(inputs, output folder, parameters, compile, decode, costs, summary, write), each logged with
-its time.
+(inputs, parameters, compile, decode, costs, report), each logged with its time, over a list of
+rows (`eval.rows.Row`, built by the row factory `eval.lineup.build`): the baseline(s), one chain
+per fixed γ, one row per token tree and auto γ's row (`specdec_t5x.auto.row`).
+
+The costs phase prices c and verify/step with the step timer alone (one cheap probe: a few small
+compiles of single decoder steps); the run's own extra calls (`cost_probe.RunCostCalls`, 4 more decode
+loops) and the loops' own work run only with `MeasureConfig.diagnostics` (and `loop_costs`).
 
 Timing rules (so ratios mean something):
 * every jitted function is compiled and run once on the evaluation shapes before timing;
@@ -25,30 +30,28 @@ weights (`CPU_WEIGHT_DTYPE='bfloat16'`) it also decodes the baseline with the fl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import operator
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 import jax
 import numpy as np
 import tqdm
 
-from specdec_t5x import auto_gamma, auto_trees, cpu_kernel, models, multihost, provenance, steps
+from specdec_t5x import cpu_kernel, models, multihost, provenance, steps
 from specdec_t5x import inputs as inputs_lib
 from specdec_t5x import sampling as sampling_lib
-from specdec_t5x.eval import checks, config, costs, diagnostics, outputs, summary, tables
-from specdec_t5x.timing import clock
+from specdec_t5x.eval import checks, config, lineup, outputs, summary, tables
+from specdec_t5x.eval import rows as rows_lib
 
 logger = logging.getLogger(__name__)
 
-# The baseline's draw (`decoding.SAMPLERS`): the speculative loop's own (one uniform per row,
-# inverse CDF), so that a T > 0 speed-up is speculation alone; T5X's Gumbel draw is timed beside it
-# ('baseline_t5x', `speedup_vs_t5x_sampler`). At T = 0 both are the argmax: one baseline.
-BASELINE_SAMPLER = "inverse_cdf"
+BASELINE_SAMPLER = rows_lib.BASELINE_SAMPLER  # the fair baseline's draw at T > 0
 
 
 @contextlib.contextmanager
@@ -60,10 +63,14 @@ def phase(name: str) -> Iterator[None]:
     logger.info("%s: done in %.1f s", name, time.perf_counter() - start)
 
 
-def _pack_draft(draft, draft_params):
-    """Draft parameters packed for the CPU kernel when the draft is a T5 network (else as given)."""
-    pack = getattr(draft, "pack_params", None)
-    return draft_params if pack is None else pack(draft_params)
+@dataclasses.dataclass
+class ReportContext:
+    """What a row's `report` may read: the headline row's key, auto's (plan, predicted) per
+    example, and the quality inputs (seqio task, vocabulary, examples, eos id)."""
+
+    headline: Hashable
+    choices: list
+    quality: tuple
 
 
 def evaluate(
@@ -90,7 +97,7 @@ def evaluate(
         `records.jsonl` (what `resume` restores), `table_row.md` and `speedup.png` go.
       data: what to decode (`config.DataConfig`: task, split, num_examples, batch size, lengths).
       speculation: γ, the sweep and auto (`config.SpeculationConfig`).
-      sampling_settings: the sampling settings, passed explicitly to both decoders.
+      sampling_settings: the sampling settings, passed explicitly to every row.
       measure: seed, cost repeats, loop costs, diagnostics (`config.MeasureConfig`).
       draft_params: draft parameters (default `spec_model.draft.params`).
       command: the command line written with the results (default: `sys.argv`).
@@ -129,6 +136,9 @@ def evaluate(
         examples, seqio_task, input_report = inputs_lib.load_examples(
             data.task, data.split, data.num_examples, data.input_len, data.target_len, vocabulary
         )
+        batches = inputs_lib.example_batches(
+            examples, data.batch_size, data.input_len, data.target_len
+        )
     run_config = {
         **config.as_dict(data, speculation, measure),
         **settings,
@@ -138,37 +148,34 @@ def evaluate(
     out = outputs.OutputDir(output_dir).open(run_config, overwrite=overwrite, resume=resume)
     try:
         with phase("parameters"):  # decoder projections packed once per parameter set
-            target_params = models.pack_params(spec_model.module, target_params)  # float32
-            reference_params = None  # float32-weight target: what bfloat16 CPU weights flipped
-            if spec_model.cpu_weight_dtype != "float32" and sampling_settings.greedy:
-                if cpu_kernel.packed_weight_dtype(target_params) == "float32":
-                    reference_params = target_params
-            target_params = spec_model.pack_params(target_params)  # CPU_WEIGHT_DTYPE
-            draft_params = spec_model.draft.params if draft_params is None else draft_params
-            draft_params = _pack_draft(spec_model.draft, draft_params)
-        fns = _decoders(
-            spec_model, target_params, draft_params, settings, speculation, measure, costs_gamma
-        )
-        batches = inputs_lib.example_batches(
-            examples, data.batch_size, data.input_len, data.target_len
-        )
-        if fns["auto"] is not None:  # a short run starts without calibration rounds
-            fns["auto"].expected_calls = len(batches)
+            target_params, draft_params, reference_params = _parameters(
+                spec_model, target_params, draft_params, sampling_settings
+            )
+            rows = lineup.build(
+                spec_model, target_params, draft_params, settings, speculation, measure
+            )
+            baseline_sampler = rows[0].sampler
+            for row in rows:  # a short run starts auto γ without calibration rounds
+                if row.key == "auto":
+                    row.decoder.expected_calls = len(batches)
+            cost_calls = lineup.cost_calls(spec_model, rows, settings, costs_gamma, measure)
+        params = (target_params, draft_params)
         interrupts = outputs.Interrupts()
         with interrupts.watch():
             rng0 = jax.random.PRNGKey(measure.seed)
             first = batches[0][1]
-            _warm_up(fns, first, rng0, interrupts)
+            with phase(f"compile and warm up {len(rows)} rows"):
+                _compile(rows, cost_calls, params, first, rng0, interrupts)
             load_samples = [os.getloadavg()[0]]  # other work skews timings: start and end
             with phase(f"decode {len(examples)} examples in {len(batches)} batches"):
                 desc = f"{data.task} T={sampling_settings.temperature}"
                 runs, choices, compiles = _decode_all(
-                    fns, batches, examples, headline_key, costs_gamma, measure.seed, out,
-                    interrupts, vocabulary, eos_id, desc,
+                    rows, cost_calls, params, batches, examples, headline_key, costs_gamma,
+                    measure.seed, out, interrupts, (vocabulary, eos_id), desc,
                 )  # fmt: skip
             interrupts.check()
             with phase("costs: c and verify/step"):
-                run_costs, work = costs.measure(
+                run_costs, work = lineup.measure_costs(
                     spec_model,
                     target_params,
                     draft_params,
@@ -176,9 +183,9 @@ def evaluate(
                     data.target_len,
                     costs_gamma,
                     settings,
-                    fns["cost_calls"],
+                    cost_calls,
                     measure.cost_repeats,
-                    baseline_sampler=fns["baseline_model"].default_decoder_params["sampler"],
+                    baseline_sampler=baseline_sampler,
                 )
             interrupts.check()
             load_samples.append(os.getloadavg()[0])
@@ -190,7 +197,8 @@ def evaluate(
                     busy["load"],
                     busy["cores"],
                 )
-            with phase("summary"):
+            rows_per_call = [n for n, _ in batches]
+            with phase("report: summary"):
                 flat = summary.summarise(
                     runs,
                     gammas,
@@ -201,30 +209,28 @@ def evaluate(
                     vocabulary,
                     eos_id,
                     settings,
-                    rows_per_call=[n for n, _ in batches],
+                    rows_per_call=rows_per_call,
                 )
                 if speculation.trees:
                     flat["tree_sweep"] = summary.tree_rows(
                         runs, speculation.tree_rows, gammas[0] if gamma == "auto" else gamma
                     )
-                if speculation.auto:
-                    quality_args = (seqio_task, vocabulary, examples, eos_id)
-                    summary.add_auto_row(flat, runs, choices, gamma == "auto", quality_args)
-                    flat["auto"]["cost_curve"] = fns["auto"].controller.curve.to_dict()
-                    flat["auto"]["calls"] = fns["auto"].controller.history
-                    if fns["auto"].trees:  # AUTO_TREES: what each tree measured
-                        flat["auto"]["tree_measured_speedup"] = fns["auto"].tree_speedups()
+                context = ReportContext(
+                    headline_key, choices, (seqio_task, vocabulary, examples, eos_id)
+                )
+                for row in rows:
+                    row.report(flat, runs, context)
             if measure.diagnostics and gamma != "auto":
-                with phase("diagnostics: where the time goes"):
-                    budget = diagnostics.eval_time_budget(
+                with phase("report: diagnostics (where the time goes)"):
+                    budget = lineup.time_budget(
                         spec_model, target_params, draft_params, first, flat, runs,
-                        [n for n, _ in batches], gamma=gamma, settings=settings,
+                        rows_per_call, gamma=gamma, settings=settings,
                         repeats=measure.cost_repeats, loop=work,
                         sources=[b["encoder_input_tokens"] for _, b in batches],
                     )  # fmt: skip
                     flat["diagnostics"] = {"time_budget": budget}
                     flat["predicted_speedup_measured_costs"] = budget["predicted_speedup"]
-            with phase("exactness checks"):
+            with phase("report: exactness checks"):
                 flat.update(
                     _exactness(
                         spec_model, target_params, reference_params, runs, headline_key,
@@ -244,7 +250,7 @@ def evaluate(
             inputs=input_report,
             compilations_during_timing=compiles,
             busy_machine=busy,
-            baseline_sampler=fns["baseline_model"].default_decoder_params["sampler"],
+            baseline_sampler=baseline_sampler,
             cpu_weight_dtype=cpu_kernel.packed_weight_dtype(target_params),
         )
         flat.update(provenance.record(command or " ".join(sys.argv)))
@@ -253,13 +259,33 @@ def evaluate(
             flat["resumed"] = {"batches_restored": len(out.restored), "batches": len(batches)}
         result = summary.group(flat)
         if jax.process_index() == 0:
-            with phase("write outputs"):
+            with phase("report: write outputs"):
+                if jax.process_count() > 1:  # every process's examples, gathered
+                    out.append_predictions(
+                        _all_predictions(runs, headline_key, examples, vocabulary, eos_id)
+                    )
                 tables.write_eval_outputs(
                     out.path, result, runs, gammas, headline_key, examples, vocabulary, eos_id
                 )
         return result
     finally:
         out.close()
+
+
+def _parameters(spec_model, target_params, draft_params, sampling_settings):
+    """(target, draft, float32 reference or None) parameters, each packed once for the CPU kernel
+    (no-op when off or packed); the reference is the float32-weight target that bfloat16 CPU
+    weights are checked against (greedy only)."""
+    target_params = models.pack_params(spec_model.module, target_params)  # float32
+    reference_params = None
+    if spec_model.cpu_weight_dtype != "float32" and sampling_settings.greedy:
+        if cpu_kernel.packed_weight_dtype(target_params) == "float32":
+            reference_params = target_params
+    target_params = spec_model.pack_params(target_params)  # CPU_WEIGHT_DTYPE
+    draft = spec_model.draft
+    draft_params = draft.params if draft_params is None else draft_params
+    pack = getattr(draft, "pack_params", None)  # a T5 network draft
+    return target_params, (draft_params if pack is None else pack(draft_params)), reference_params
 
 
 def _exactness(
@@ -305,164 +331,90 @@ def _exactness(
     return out
 
 
-def _decoders(spec_model, target_params, draft_params, settings, speculation, measure, costs_gamma):
-    """The run's jitted decoders: {'base_fn', 'spec_fns' {γ: fn}, 'cost_calls' (or None),
-    'auto' (an `auto_gamma.AutoGammaDecoder` or None), 'tp', 'dp' (the packed parameters)}."""
-    fns = {"tp": target_params, "dp": draft_params, "auto": None}
-    baselines = {"baseline": "t5x"}  # T = 0: both draws are the argmax (T5X's path, bit for bit)
-    if not sampling_lib.is_greedy(settings["temperature"]):
-        baselines = {"baseline": BASELINE_SAMPLER, "baseline_t5x": "t5x"}  # T5X's beside it
-    for key, sampler in baselines.items():
-        model = models.EncoderDecoderModel(
-            spec_model.module,
-            spec_model.output_vocabulary,
-            spec_model.output_vocabulary,
-            cpu_weight_dtype=spec_model.cpu_weight_dtype,
-            sampler=sampler,
-        )
-        fns[key] = jax.jit(
-            lambda tp, b, rng, m=model: m.predict_batch_with_aux(
-                tp, b, rng, decoder_params=settings
-            )[0]
-        )
-        fns[f"{key}_model"] = model
-    baseline = fns["baseline_model"]
-    fns["spec_fns"] = {
-        g: costs.speculative_fn(spec_model, {**settings, "gamma": g})
-        for g in speculation.fixed_gammas
-    }
-    for name, shape in speculation.tree_rows.items():  # one target call per tree per iteration
-        params = {**settings, "tree": shape, "tree_rule": speculation.tree_rule}
-        fns["spec_fns"][name] = costs.speculative_fn(spec_model, params)
-    fns["cost_calls"] = (
-        costs.RunCostCalls(spec_model, baseline, settings, costs_gamma)
-        if measure.loop_costs
-        else None
-    )
-    if speculation.auto:
-        fns["auto"] = auto_gamma.AutoGammaDecoder(
-            spec_model,
-            target_params,
-            draft_params,
-            settings=settings,
-            gamma_max=speculation.auto_gamma_max,
-            cost_repeats=measure.cost_repeats,
-            baseline_sampler=fns["baseline_model"].default_decoder_params["sampler"],
-            trees=speculation.trees if speculation.auto_trees else (),
-            tree_rule=speculation.tree_rule,
-        )
-    return fns
-
-
-def _warm_up(fns, first, rng0, interrupts) -> None:
-    """Compiles and runs once every decoder on the evaluation shapes (excluded from timing); with
+def _compile(rows, cost_calls, params, first, rng0, interrupts) -> None:
+    """Compiles and runs once every row on the evaluation shapes (excluded from timing); with
     encoder length buckets once per bucket. Auto γ measures its cost curve here."""
-    tp, dp = fns["tp"], fns["dp"]
-    baselines = [key for key in ("baseline", "baseline_t5x") if key in fns]
-    with phase(f"compile and warm up {len(baselines) + len(fns['spec_fns'])} decoders"):
-        for enc in steps.warmup_sources(tp, first["encoder_input_tokens"]):
-            warm = {**first, "encoder_input_tokens": enc}
-            for key in baselines:
-                logger.info("compiling %s (encoder length %d)", key, enc.shape[1])
-                jax.block_until_ready(fns[key](tp, warm, rng0))
-                interrupts.check()
-            for g, fn in fns["spec_fns"].items():
-                logger.info("compiling γ = %s (encoder length %d)", g, enc.shape[1])
-                jax.block_until_ready(fn(tp, dp, warm, rng0))
-                interrupts.check()
-            if fns["cost_calls"] is not None:
-                fns["cost_calls"].warm_up(tp, dp, warm, rng0)
-    if fns["auto"] is not None:
-        with phase("auto γ: cost curve and calibration"):
-            fns["auto"].compile(fns["auto"].choose(first)[0], first)
+    for row in rows:
+        row.compile(first, rng0)
+        interrupts.check()
+    if cost_calls is not None:
+        for enc in steps.warmup_sources(params[0], first["encoder_input_tokens"]):
+            cost_calls.warm_up(*params, {**first, "encoder_input_tokens": enc}, rng0)
     interrupts.check()
 
 
 def _decode_all(
-    fns,
-    batches,
-    examples,
-    headline_key,
-    costs_gamma,
-    seed,
-    out,
-    interrupts,
-    vocabulary,
-    eos_id,
-    desc,
-):
+    rows, cost_calls, params, batches, examples, headline_key, costs_gamma, seed, out,
+    interrupts, texts, desc,
+):  # fmt: skip
     """The timed loop: every batch decoded by every row, interleaved, in a seeded random order.
 
     Batches finished by an interrupted run (`out.restored`) are restored, not decoded again; every
-    finished batch is appended to `records.jsonl` and `predictions.jsonl` at once.
+    finished batch is appended to `records.jsonl` and `predictions.jsonl` at once. Statistics stay
+    NumPy arrays; only the records written are JSON.
 
     Returns:
-      ({'baseline' | γ | 'auto': summary.Run}, auto's [(γ, predicted)] per example, compilations
-      during the timed calls (must be 0)).
+      ({'baseline' | γ | tree | 'auto': summary.Run}, auto's [(γ, predicted)] per example,
+      compilations during the timed calls (must be 0)).
     """
-    tp, dp, cost_calls, auto = fns["tp"], fns["dp"], fns["cost_calls"], fns["auto"]
-    keys = ["baseline", *(["baseline_t5x"] if "baseline_t5x" in fns else [])]
-    keys += [*fns["spec_fns"], *(["auto"] if auto is not None else [])]
-    runs = {key: summary.Run() for key in keys}
-    keys += [] if cost_calls is None else list(cost_calls.fns)  # beside them, same order
+    by_key = {row.key: row for row in rows}
+    runs = {row.key: summary.Run() for row in rows}
+    names = [*by_key, *([] if cost_calls is None else cost_calls.fns)]  # beside them
     choices = []  # auto row: (γ chosen, its predicted speedup) per example
-    compiles = costs.CompileCounter()
+    compiles = rows_lib.CompileCounter()
     jax.monitoring.register_event_duration_secs_listener(compiles)
     rng0 = jax.random.PRNGKey(seed)
     local = multihost.local_batches(len(batches))  # all batches with one process
     report_every = max(1, len(local) // 10)
-    starts = np.cumsum([0] + [n for n, _ in batches])
+    starts = np.cumsum([0] + [n for n, _ in batches]).tolist()
     for done, i in enumerate(tqdm.tqdm(local, desc=desc, unit="batch"), start=1):
         n, batch = batches[i]
         rng = jax.random.fold_in(rng0, i)
         record = out.restored.get(i)
         if record is None:
-            record = {"batch": i, "runs": {}, "costs": []}
-            for key in clock.call_order(keys, i, seed):  # seeded random order per batch
+            results, entries, chose = {}, [], None
+            for name in lineup.call_order(names, i, seed):  # seeded random order per batch
                 interrupts.check()
-                if cost_calls is not None and key in cost_calls.fns:
-                    record["costs"].append(cost_calls.time(key, tp, dp, batch, rng, compiles))
+                if name not in by_key:
+                    entries.append(cost_calls.time(name, *params, batch, rng, compiles))
                     continue
-                tokens, seconds, stats, chose = _decode_one(fns, key, batch, rng, compiles)
-                if chose is not None:
-                    record["choices"] = [chose] * n
-                if cost_calls is not None and key in ("baseline", costs_gamma):
-                    record["costs"].append(cost_calls.record(key, seconds, tokens, stats))
-                record["runs"][str(key)] = {
-                    "seconds": seconds,
-                    "tokens": np.asarray(tokens)[:n].tolist(),
-                    "stats": outputs.encode_stats(stats),
-                }
-        elif cost_calls is not None:  # restored: its timings count as they were measured
-            for call, length, seconds, units in record["costs"]:
-                cost_calls.add(call, length, seconds, units)
-        choices += [tuple(c) for c in record.get("choices", [])]
+                tokens, seconds, stats, choice = _decode_one(by_key[name], batch, rng, compiles)
+                chose = chose if choice is None else choice
+                if cost_calls is not None and name in ("baseline", costs_gamma):
+                    entries.append(cost_calls.record(name, seconds, tokens, stats))
+                results[name] = (seconds, tokens[:n], stats)
+            batch_choices = [] if chose is None else [tuple(chose)] * n
+        else:
+            results = {
+                key: (
+                    entry["seconds"],
+                    np.asarray(entry["tokens"], np.int32),
+                    outputs.decode_stats(entry["stats"]),
+                )
+                for key, entry in ((key, record["runs"][str(key)]) for key in runs)
+            }
+            entries = record["costs"]
+            if cost_calls is not None:  # restored: its timings count as they were measured
+                for call, length, seconds, units in entries:
+                    cost_calls.add(call, length, seconds, units)
+            batch_choices = [tuple(c) for c in record.get("choices", [])]
+        choices += batch_choices
         per_row = {}
-        for key in runs:
-            entry = record["runs"][str(key)]
-            stats = outputs.decode_stats(entry["stats"])
+        for key, (seconds, tokens, stats) in results.items():
             per_row[key] = [
                 None if stats is None else jax.tree_util.tree_map(operator.itemgetter(r), stats)
                 for r in range(n)
             ]
-            for r in range(n):
-                runs[key].seconds.append(entry["seconds"] / n)
-                runs[key].tokens.append(np.asarray(entry["tokens"][r], np.int32))
-                runs[key].stats.append(per_row[key][r])
-        if i not in out.restored:
-            base, head = record["runs"]["baseline"], record["runs"][str(headline_key)]
-            rows = [
-                tables.prediction_row(
-                    examples[int(starts[i]) + r],
-                    (base["tokens"][r], head["tokens"][r]),
-                    (base["seconds"] / n, head["seconds"] / n),
-                    per_row[headline_key][r],
-                    vocabulary,
-                    eos_id,
+            runs[key].seconds += [seconds / n] * n
+            runs[key].tokens += [np.asarray(tokens[r], np.int32) for r in range(n)]
+            runs[key].stats += per_row[key]
+        if record is None:  # one process: its lines as the batch finishes; else all at the end
+            lines = []
+            if jax.process_count() == 1:
+                lines = _predictions(
+                    results, per_row, headline_key, examples[starts[i] :], n, texts
                 )
-                for r in range(n)
-            ]
-            out.append_batch(record, rows)
+            out.append_batch(_record(i, results, entries, batch_choices), lines)
         if done % report_every == 0 or done == len(local):
             logger.info("decoded %d/%d batches (%d%%)", done, len(local), 100 * done // len(local))
     extra = {"choices": choices} if choices else {}
@@ -472,24 +424,60 @@ def _decode_all(
     return runs, choices, compiles.count
 
 
-def _decode_one(fns, key, batch, rng, compiles):
-    """(tokens int32 [batch, len], seconds, stats or None, auto's (γ, predicted) or None)."""
-    tp, dp = fns["tp"], fns["dp"]
-    if key in ("baseline", "baseline_t5x"):
-        tokens, seconds = costs.timed(fns[key], tp, batch, rng, compiles=compiles)
-        return np.asarray(tokens), seconds, None, None
-    if key == "auto":
-        auto = fns["auto"]
-        g, predicted = auto.choose(batch)
-        auto.compile(g, batch)  # untimed; a no-op once this γ is compiled
-        (tokens, aux), seconds = costs.timed(auto.decode, g, batch, rng, compiles=compiles)
-        auto.update(aux)
-        auto.observe(g, seconds, tokens, aux)  # measured vs modelled
-        stats = aux.get("stats")
-        stats = None if stats is None else jax.tree_util.tree_map(np.asarray, stats)
-        plan = g if isinstance(g, int) else auto_trees.plan_name(g)  # 'tree(2,2)'
-        return np.asarray(tokens), seconds, stats, (plan, predicted)
-    (tokens, aux), seconds = costs.timed(
-        fns["spec_fns"][key], tp, dp, batch, rng, compiles=compiles
-    )
-    return np.asarray(tokens), seconds, jax.tree_util.tree_map(np.asarray, aux["stats"]), None
+def _decode_one(row, batch, rng, compiles):
+    """One timed call of a row: (tokens int32 [batch, len], seconds, stats or None, the row's
+    choice to record or None), NumPy."""
+    row.prepare(batch)  # untimed (auto γ: choose and compile its plan)
+    (tokens, stats), seconds = rows_lib.timed(row.decode, batch, rng, compiles=compiles)
+    tokens, stats = rows_lib.host(tokens, stats)
+    return tokens, seconds, stats, row.observe(seconds, tokens, stats)
+
+
+def _record(i, results, entries, choices) -> dict[str, Any]:
+    """A finished batch as its `records.jsonl` line (what `resume` restores)."""
+    record = {
+        "batch": i,
+        "runs": {
+            str(key): {
+                "seconds": seconds,
+                "tokens": tokens.tolist(),
+                "stats": outputs.encode_stats(stats),
+            }
+            for key, (seconds, tokens, stats) in results.items()
+        },
+        "costs": entries,
+    }
+    if choices:
+        record["choices"] = [list(c) for c in choices]
+    return record
+
+
+def _all_predictions(runs, headline_key, examples, vocabulary, eos_id) -> list[dict[str, Any]]:
+    """Every example's `predictions.jsonl` line, from the gathered runs (several processes)."""
+    base, head = runs["baseline"], runs[headline_key]
+    return [
+        tables.prediction_row(
+            ex,
+            (base.tokens[i], head.tokens[i]),
+            (base.seconds[i], head.seconds[i]),
+            head.stats[i],
+            vocabulary,
+            eos_id,
+        )  # fmt: skip
+        for i, ex in enumerate(examples)
+    ]
+
+
+def _predictions(results, per_row, headline_key, examples, n, texts) -> list[dict[str, Any]]:
+    """A finished batch's `predictions.jsonl` lines (baseline beside the headline row)."""
+    (base_s, base, _), (head_s, head, _) = results["baseline"], results[headline_key]
+    return [
+        tables.prediction_row(
+            examples[r],
+            (base[r], head[r]),
+            (base_s / n, head_s / n),
+            per_row[headline_key][r],
+            *texts,
+        )  # fmt: skip
+        for r in range(n)
+    ]

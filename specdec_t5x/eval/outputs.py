@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -131,6 +130,7 @@ class OutputDir:
             if (self.path / "metrics.json").exists():
                 self._refuse(f"--resume: the run in {self.path} is finished (metrics.json).")
             self.restored = self._read_records()
+            self._keep_recorded_predictions()
             logger.info("resuming: %d finished batches restored", len(self.restored))
             return self
         if present and not overwrite:
@@ -184,12 +184,31 @@ class OutputDir:
         return records
 
     def append_batch(self, record: Mapping[str, Any], predictions: list[Mapping]) -> None:
-        """Appends one finished batch's record and its examples' prediction lines."""
+        """Appends one finished batch's prediction lines, then its record (`resume` keeps the
+        prediction lines of the recorded batches only: `_keep_recorded_predictions`)."""
+        self.append_predictions(predictions)
         with open(self.path / RECORDS, "a") as f:
             f.write(json.dumps(record, default=float) + "\n")
+
+    def append_predictions(self, predictions: list[Mapping]) -> None:
+        """Appends `predictions.jsonl` lines (the file's one writer)."""
         with open(self.path / PREDICTIONS, "a") as f:
             for row in predictions:
                 f.write(json.dumps(row, ensure_ascii=False, default=float) + "\n")
+
+    def _keep_recorded_predictions(self) -> None:
+        """Cuts `predictions.jsonl` to the restored batches' examples (an interrupt may have left
+        a batch's lines without its record, or a cut line)."""
+        path = self.path / PREDICTIONS
+        keep = sum(len(r["runs"]["baseline"]["tokens"]) for r in self.restored.values())
+        lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+        lines = [line for line in lines[:keep] if line.endswith("\n")]
+        if len(lines) != keep:
+            self._refuse(
+                f"--resume: {path} holds {len(lines)} complete lines for the {keep} examples "
+                "of the recorded batches; run again with --overwrite."
+            )
+        write_atomic(path, "".join(lines))
 
     def close(self) -> None:
         """Releases the folder's lock."""
@@ -248,7 +267,12 @@ def decode_stats(record: Mapping[str, Any] | None):
     """Inverse of `encode_stats`: the statistics dataclass of NumPy arrays, or None."""
     if record is None:
         return None
-    module, name = record["__class__"].split(":")
-    cls = getattr(importlib.import_module(module), name)
+    from specdec_t5x import speculative, tree  # local: the network, for restored runs only
+
+    classes = {
+        f"{c.__module__}:{c.__qualname__}": c
+        for c in (speculative.SpeculativeStats, tree.TreeStats)
+    }
+    cls = classes[record["__class__"]]
     fields = {k: np.asarray(v[1], v[0]) for k, v in record.items() if k != "__class__"}
     return cls(**fields)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_t5x import auto_gamma, metrics, speculative, theory
+from specdec_t5x import metrics, speculative, theory
 
 STAT_KEYS = [f.name for f in dataclasses.fields(speculative.SpeculativeStats)]
 
@@ -404,55 +404,3 @@ def flat(metrics_record: dict[str, Any]) -> dict[str, Any]:
     if isinstance(out.get("diagnostics"), dict) and "time_budget" in out["diagnostics"]:
         out["time_budget"] = out["diagnostics"]["time_budget"]
     return out
-
-
-def add_auto_row(flat, runs, choices, headline: bool, quality_args) -> None:
-    """Adds the auto-γ row as `flat['auto']`; an auto headline also replaces the headline fields.
-
-    The row (`auto_gamma.summarise_auto`) has the γ chosen per example (0 = off), the mean
-    prediction of those choices, the measured speed, and the best fixed γ of the same run's sweep.
-    """
-    base, run = runs["baseline"], runs["auto"]
-    row = auto_gamma.summarise_auto(
-        base.seconds,
-        run.seconds,
-        run.stats,
-        [g for g, _ in choices],
-        [p for _, p in choices],
-        identical=float(
-            np.mean([np.array_equal(a, b) for a, b in zip(base.tokens, run.tokens, strict=True)])
-        ),
-    )
-    sweep = flat["gamma_sweep"]
-    best = max(sweep, key=lambda g: sweep[g]["speedup"])
-    row.update(
-        best_fixed_gamma=int(best),
-        best_fixed_speedup=sweep[best]["speedup"],
-        auto_over_best_fixed=row["speedup"] / sweep[best]["speedup"],
-        **(
-            {
-                "speedup_vs_t5x_sampler": float(
-                    np.sum(runs["baseline_t5x"].seconds) / np.sum(run.seconds)
-                )
-            }
-            if "baseline_t5x" in runs
-            else {}
-        ),
-        # Paired bootstrap over examples (5th, 95th percentiles): the run-to-run spread.
-        speedup_interval=auto_gamma.bootstrap_interval(base.seconds, run.seconds),
-        auto_over_best_fixed_interval=auto_gamma.bootstrap_interval(
-            runs[int(best)].seconds, run.seconds
-        ),
-    )
-    flat["auto"] = row
-    if headline:
-        for key in sweep[best]:
-            if key != "quality":  # the top level's quality is {'baseline', 'speculative'}
-                flat.pop(key, None)  # the placeholder headline's fields
-        flat.update(row)
-        predicted = row["predicted_speedup"]
-        flat["measured_over_predicted"] = row["speedup"] / predicted if predicted else None
-        seqio_task, vocabulary, examples, eos_id = quality_args
-        flat["quality"]["speculative"] = metrics.quality(
-            seqio_task, vocabulary, examples, run.tokens, eos_id
-        )

@@ -67,7 +67,8 @@ __all__ = [  # this module's and, re-exported, `table_rows`'
 
 
 def write_eval_outputs(out_dir, record, runs, gammas, headline, examples, vocabulary, eos_id):
-    """Writes `metrics.json`, `table_row.md`, `predictions.jsonl` and `speedup.png`, each whole.
+    """Writes `metrics.json`, `table_row.md` and `speedup.png`, each whole (`predictions.jsonl`
+    is the job's, grown batch by batch: `outputs.OutputDir.append_batch`).
 
     Args:
       out_dir: the run's folder; record: the grouped metrics (`summary.group`).
@@ -78,19 +79,6 @@ def write_eval_outputs(out_dir, record, runs, gammas, headline, examples, vocabu
     from specdec_t5x.eval import outputs
 
     out_dir = pathlib.Path(out_dir)
-    lines = []
-    base, spec = runs["baseline"], runs[headline]
-    for i, ex in enumerate(examples):
-        row = prediction_row(
-            ex,
-            (base.tokens[i], spec.tokens[i]),
-            (base.seconds[i], spec.seconds[i]),
-            spec.stats[i],
-            vocabulary,
-            eos_id,
-        )
-        lines.append(json.dumps(row, ensure_ascii=False, default=float) + "\n")
-    outputs.write_atomic(out_dir / "predictions.jsonl", "".join(lines))
     outputs.write_atomic(out_dir / "table_row.md", "\n".join([TABLE_HEADER, *rows(record)]) + "\n")
     if headline != "auto":  # the plot shows one fixed γ's histogram
         tmp = out_dir / ".speedup.tmp.png"

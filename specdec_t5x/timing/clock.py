@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import decoding, models
+from specdec_t5x import decoding
 
 
 def call_order(names: Sequence[Hashable], index: int, seed: int = 0) -> list:
@@ -148,23 +148,13 @@ def loop(step: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def looped(step: Callable[..., Any]) -> Callable[..., Any]:
-    """`step` run n times (n a traced int32 argument) in one jitted loop, the cache as carry.
-
-    Returns jitted `(args, tokens, positions, cache, n) -> (float32 [batch], cache)`; the cache is
-    donated. One compilation serves every n.
-    """
-    return jax.jit(loop(step), donate_argnums=(3,))
-
-
-def iteration_loop(target_step, draft_step, gamma: int) -> Callable[..., Any]:
-    """n speculative iterations' model calls in one jitted loop: γ draft steps, then a verify call.
+def iterations(target_step, draft_step, gamma: int) -> Callable[..., Any]:
+    """n speculative iterations' model calls in one loop: γ draft steps, then a verify call.
 
     Each call's tokens depend on the previous call's logits (as in the decode loop, where the
     draft reads the last accepted token and the target reads the draft's tokens), so nothing
-    overlaps. Returns jitted `(target_args, draft_args, one int32 [batch, 1], block int32
-    [batch, γ + 1], positions int32 [batch], (target_cache, draft_cache), n) -> (float32 [batch],
-    caches)`; the caches are donated.
+    overlaps. Returns `(target_args, draft_args, one int32 [batch, 1], block int32 [batch, γ + 1],
+    positions int32 [batch], (target_cache, draft_cache), n) -> (float32 [batch], caches)`.
     """
 
     def run(target_args, draft_args, one, block, positions, caches, n):
@@ -181,7 +171,7 @@ def iteration_loop(target_step, draft_step, gamma: int) -> Callable[..., Any]:
         total = jnp.zeros((one.shape[0],), jnp.float32)
         return jax.lax.fori_loop(0, n, body, (caches, total))[::-1]
 
-    return jax.jit(run, donate_argnums=(5,))
+    return run
 
 
 def looped_steps(step: Callable[..., Any], steps_per_call: int) -> Callable[..., Any]:
@@ -212,6 +202,17 @@ def paused(pid_file: str | os.PathLike | None) -> Iterator[None]:
     finally:
         if pid:
             os.kill(pid, signal.SIGCONT)
+
+
+def one_token_logits(block_step) -> decoding.TokensToLogits:
+    """A `steps.BlockStep` as T5X's `tokens_to_logits(DecodingState) -> ([B, vocab], cache)` (the
+    timing loops' copy of `models.one_token_logits_fn`: the instruments stay below the models)."""
+
+    def tokens_to_logits(state: decoding.DecodingState):
+        logits, cache = block_step(state.cur_token, state.cur_index, state.cache)
+        return logits[:, 0], cache  # [B, 1, V] -> [B, V]
+
+    return tokens_to_logits
 
 
 def constant_step(vocab: int, eos_id: int):
@@ -257,7 +258,7 @@ def zero_cost_decode(
     cache = jnp.zeros((), jnp.float32)
     common = dict(max_decode_steps=max_decode_steps, **settings)
     if sampler is None:
-        one_token = models.one_token_logits_fn(step)
+        one_token = one_token_logits(step)
         fn = lambda r: decoding.temperature_sample(
             inputs, cache, one_token, eos_id, r, sampler=baseline_sampler, **common
         )

@@ -3,10 +3,11 @@
 * `run_costs`: from the run's own calls: each timed call beside the same call stopped after 2
   tokens (and the speculative call with `ZeroCostDraft`, whose iterations are the verify call
   alone); full minus short prices the extra tokens or iterations, set-up cancelled, the loops' own
-  work (`overheads.measure_loop_ms`) taken off. What the eval job reports.
+  work (`overheads.measure_loop_ms`) taken off. What the eval job reports with the diagnostics.
 * `loop_costs`: the real decode loops timed on the first batches' caches, by slope in their
   length; the fallback when every output is too short for `run_costs`, and auto γ's curve.
-* `measure_step_costs`: the step timer (`step_timer.step_costs`), then `loop_costs`.
+* `measure_step_costs`: the step timer's one probe (`step_timer.step_costs`): the eval job's
+  c and verify/step without the diagnostics.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import decoding, drafts, models, speculative, steps
+from specdec_t5x import decoding, drafts, speculative, steps
 from specdec_t5x.timing import clock, overheads, step_timer
 
 Array = jax.Array
@@ -116,7 +117,7 @@ def loop_costs(
 
     def baseline_loop(eos):
         def run(tp, e, tc, n):
-            step = models.one_token_logits_fn(steps.make_block_step(module, tp, e))
+            step = clock.one_token_logits(steps.make_block_step(module, tp, e))
             out = decoding.temperature_sample(
                 inputs, tc, step, eos, rng, max_decode_steps=n, sampler=baseline_sampler, **settings
             )[0].reshape(batch, -1)
@@ -429,7 +430,7 @@ def run_costs(
 
 
 def measure_step_costs(
-    spec_model: models.SpeculativeEncoderDecoderModel,
+    spec_model,
     target_params,
     draft_params,
     encoder_input_tokens: np.ndarray,
@@ -437,40 +438,16 @@ def measure_step_costs(
     gamma: int,
     position: int = 8,
     repeats: int = 30,
-    settings: dict[str, Any] | None = None,
-    loop_sources: Sequence[np.ndarray] | None = None,
 ) -> dict[str, Any]:
-    """c and the verify-cost ratio of this run's target and draft, as the decode loops pay them.
-
-    First the step timer (`step_timer.step_costs`: one cached target step, one draft step, one
-    γ+1 verify step and one speculative iteration's calls at decoder position `position`, each a
-    loop's slope in its length, caches built from `encoder_input_tokens`, int32 [batch, enc_len]).
-    With `settings`, then the real decode loops on the same caches (`loop_costs`: T(1)
-    per baseline token, the verify call and one iteration per speculative iteration, the loops'
-    own work taken off), whose c and verify ratio are the ones reported: the step timer's lone
-    loops miss what the decode loops pay (experiments/loop_interference). The step
-    timer's dict is kept under 'step_timer'.
-
-    Args:
-      settings: {'temperature', 'topk', 'topp'} of the run; None: the step timer alone.
-      loop_sources: the sources the decode loops are timed on, pooled (int32 [batch, enc_len]
-        each, one shape; the run's first batches); None: `encoder_input_tokens` alone.
+    """c and the verify-cost ratio of this run's target and draft: the step timer's one probe
+    (`step_timer.step_costs`: one cached target step, one draft step, one γ + 1 verify step and
+    one speculative iteration's calls at decoder position `position`, each a loop's slope in its
+    length, caches built from `encoder_input_tokens`, int32 [batch, enc_len]). The decode loops
+    pay more (`loop_costs`, `run_costs`: the eval job's with the diagnostics).
 
     Returns:
-      {'target_step_ms', 'draft_step_ms', 'verify_step_ms' (ms), 'c' (the draft's step / the
-      target's step, the paper's c, in the loop), 'verify_cost_ratio' (verify / target step; the
-      paper assumes ~1), 'c_alone', 'interference_ms', ...}: `loop_costs`'s dict, or
-      `step_timer.step_costs`'s without `settings`.
+      `step_timer.step_costs`' dict: {'target_step_ms', 'draft_step_ms', 'verify_step_ms' (ms),
+      'c' (the iteration's drafting / γ target steps), 'c_alone', 'verify_cost_ratio', ...}.
     """
     pair = (spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len, gamma)
-    timer = step_timer.step_costs(*pair, position=position, repeats=repeats)
-    if settings is None:
-        return timer
-    return loop_costs(
-        *pair[:3],
-        encoder_input_tokens if loop_sources is None else loop_sources,
-        *pair[4:],
-        {k: settings[k] for k in ("temperature", "topk", "topp") if k in settings},
-        timer,
-        repeats=max(3, repeats // 2),
-    )
+    return step_timer.step_costs(*pair, position=position, repeats=repeats)

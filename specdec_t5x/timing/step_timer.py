@@ -52,6 +52,7 @@ def time_decoder_steps(
     warmup: int = 3,
     steps_per_call: int = 8,
     block_sizes: Sequence[int] = (),
+    make_caches: Callable[..., Any] | None = None,
 ) -> dict[str, Any]:
     """c and the verify-cost ratio of two decoder steps, timed side by side *inside loops*.
 
@@ -84,6 +85,12 @@ def time_decoder_steps(
       repeats, warmup: see `time_interleaved`.
       steps_per_call: steps of the short loop (the long one runs `LONG_LOOP` times as many), >= 1.
       block_sizes: extra target block sizes k to time in the same rounds (the cost curve T(k)).
+      make_caches: `(target_args, draft_args) -> (target_cache, draft_cache)`, traced into the
+        probe (each call builds its caches, a fixed cost the slopes remove; `target_cache` and
+        `draft_cache` are then unused): no compilation besides the probe's own.
+
+    Every loop is one branch of a single jitted probe (`_probe_program`: each loop's trip count
+    an argument, all but one zero per call), so the timer compiles once.
 
     Returns:
       dict with `target_step_ms`, `draft_step_ms` (alone), `verify_step_ms`, `iteration_ms` (γ
@@ -99,57 +106,31 @@ def time_decoder_steps(
     """
     if gamma < 1 or steps_per_call < 1:
         raise ValueError(f"need gamma >= 1 and steps_per_call >= 1; got {gamma}, {steps_per_call}.")
-    target_loop, draft_loop = clock.looped(target_step), clock.looped(draft_step)
-    iteration_loop = clock.iteration_loop(target_step, draft_step, gamma)
     pos = jnp.full((batch,), position, jnp.int32)
     one = jnp.full((batch, 1), 5, jnp.int32)
-    block = jnp.full((batch, gamma + 1), 5, jnp.int32)
-    loops = {
-        "target": (target_loop, target_args, one, target_cache),
-        "draft": (draft_loop, draft_args, one, draft_cache),
-        "verify": (target_loop, target_args, block, target_cache),
-        **{
-            f"block_{k}": (
-                target_loop,
-                target_args,
-                jnp.full((batch, k), 5, jnp.int32),
-                target_cache,
-            )
-            for k in block_sizes
-        },
+    # Every loop's tokens: the target's and the draft's one-token steps, the verify block, the
+    # k-token blocks; the iteration's are `one` and the verify block.
+    tokens = {
+        "target": one,
+        "draft": one,
+        "verify": jnp.full((batch, gamma + 1), 5, jnp.int32),
+        **{f"block_{k}": jnp.full((batch, k), 5, jnp.int32) for k in block_sizes},
     }
+    names = [*tokens, "iteration"]
+    program = _probe_program(target_step, draft_step, gamma, names, make_caches)
     lengths = {"short": steps_per_call, "long": clock.LONG_LOOP * steps_per_call}
-    caches = {
-        (name, length): jax.tree_util.tree_map(jnp.copy, spec[3])
-        for name, spec in loops.items()
-        for length in lengths
-    }
-    for length in lengths:
-        caches[("iteration", length)] = jax.tree_util.tree_map(
-            jnp.copy, (target_cache, draft_cache)
-        )
+    caches = None if make_caches is not None else (target_cache, draft_cache)
 
     def call(name, length):
-        key, n = (name, length), jnp.int32(lengths[length])
-        if name == "iteration":
+        counts = jnp.asarray([lengths[length] if n == name else 0 for n in names], jnp.int32)
+        return lambda: program(target_args, draft_args, caches, tokens, pos, counts)
 
-            def run():
-                total, caches[key] = iteration_loop(
-                    target_args, draft_args, one, block, pos, caches[key], n
-                )
-                return total, caches[key]
-
-            return run
-        loop, args, tokens, _ = loops[name]
-
-        def run():
-            total, caches[key] = loop(args, tokens, pos, caches[key], n)
-            return total, caches[key]
-
-        return run
-
-    names = [*loops, "iteration"]
-    samples = clock.time_interleaved({k: call(*k) for k in caches}, repeats, warmup, shuffle=True)
+    samples = clock.time_interleaved(
+        {(n, length): call(n, length) for n in names for length in lengths},
+        repeats,
+        warmup,
+        shuffle=True,
+    )
     span = lengths["long"] - lengths["short"]
     per_step = {
         name: [
@@ -190,6 +171,34 @@ def time_decoder_steps(
     return result
 
 
+def _probe_program(target_step, draft_step, gamma: int, names, make_caches):
+    """Jitted `(target_args, draft_args, caches, tokens, positions, counts int32 [len(names)]) ->
+    float32 [batch]`: each loop of `names` run `counts[i]` times on its own copy of the caches
+    (built by `make_caches` when given), one logit per step summed to keep the logits live."""
+    target_loop, draft_loop = clock.loop(target_step), clock.loop(draft_step)
+    iteration = clock.iterations(target_step, draft_step, gamma)
+
+    def run(target_args, draft_args, caches, tokens, positions, counts):
+        if make_caches is not None:
+            caches = make_caches(target_args, draft_args)
+        target_cache, draft_cache = caches
+        total = jnp.zeros((positions.shape[0],), jnp.float32)
+        for i, name in enumerate(names):
+            if name == "iteration":
+                out = iteration(
+                    target_args, draft_args, tokens["target"], tokens["verify"], positions,
+                    caches, counts[i],
+                )[0]  # fmt: skip
+            elif name == "draft":
+                out = draft_loop(draft_args, tokens[name], positions, draft_cache, counts[i])[0]
+            else:
+                out = target_loop(target_args, tokens[name], positions, target_cache, counts[i])[0]
+            total = total + out
+        return total
+
+    return jax.jit(run)
+
+
 def packed(spec_model, target_params, draft_params):
     """(target params, draft params) packed for the CPU kernel (no-op when off or packed)."""
     weight_dtype = getattr(spec_model, "cpu_weight_dtype", "float32")
@@ -200,28 +209,24 @@ def packed(spec_model, target_params, draft_params):
     return target_params, draft_params
 
 
+def cache_builder(spec_model, max_decode_len: int) -> Callable[..., Any]:
+    """Traceable `((target_params, enc), (draft_params, enc)) -> (target cache, draft cache)`."""
+    module, draft = spec_model.module, spec_model.draft
+    shares = getattr(draft, "shares_target_encoder", False)  # its cache reads the target's encoding
+
+    def build(target_args, draft_args):
+        (tp, enc), (dp, _) = target_args, draft_args
+        encoded = steps.encode(module, tp, enc) if shares else None
+        target_cache = steps.prepare_cache(module, tp, enc, max_decode_len)
+        return target_cache, draft.init_cache(dp, enc, max_decode_len, encoded)
+
+    return build
+
+
 def caches(spec_model, target_params, draft_params, enc, max_decode_len):
     """(target cache, draft cache) of packed parameters for int32 [batch, enc_len] sources."""
-    module, draft = spec_model.module, spec_model.draft
-    target_cache = jax.jit(lambda tp, e: steps.prepare_cache(module, tp, e, max_decode_len))(
-        target_params, enc
-    )
-    encoded = None
-    if getattr(draft, "shares_target_encoder", False):  # its cache reads the target's encoding
-        encoded = jax.jit(lambda tp, e: steps.encode(module, tp, e))(target_params, enc)
-    draft_cache = jax.jit(lambda dp, e, x: draft.init_cache(dp, e, max_decode_len, x))(
-        draft_params, enc, encoded
-    )
-    return target_cache, draft_cache
-
-
-def prepared(spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len):
-    """(enc, packed target params, packed draft params, target cache, draft cache), built once."""
-    enc = jnp.asarray(encoder_input_tokens)
-    # Packed once here for the CPU kernel (no-op when off): the steps run in the timed loops.
-    target_params, draft_params = packed(spec_model, target_params, draft_params)
-    target_cache, draft_cache = caches(spec_model, target_params, draft_params, enc, max_decode_len)
-    return enc, target_params, draft_params, target_cache, draft_cache
+    build = jax.jit(cache_builder(spec_model, max_decode_len))
+    return build((target_params, enc), (draft_params, enc))
 
 
 def step_costs(
@@ -236,35 +241,36 @@ def step_costs(
     repeats: int = 30,
     block_sizes=(),
 ) -> dict[str, Any]:
-    """c, the verify-cost ratio and T(k) of a model pair, on caches built once (not timed).
+    """c, the verify-cost ratio and T(k) of a model pair, in one compiled probe.
 
     One cached target step, one draft step, one γ + 1 verify step and one target call per k in
-    `block_sizes`, at decoder position `position`, caches built from `encoder_input_tokens` (int32
-    [batch, enc_len]); timed by `time_decoder_steps`.
+    `block_sizes`, at decoder position `position`, caches built inside the probe from
+    `encoder_input_tokens` (int32 [batch, enc_len]; a fixed cost per call, which the slopes
+    remove); timed by `time_decoder_steps`.
 
     Returns:
       `time_decoder_steps`'s dict (`c`, `verify_cost_ratio`, `*_step_ms`,
       `block_step_ms`).
     """
-    enc, target_params, draft_params, target_cache, draft_cache = prepared(
-        spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len
-    )
+    enc = jnp.asarray(encoder_input_tokens)
+    target_params, draft_params = packed(spec_model, target_params, draft_params)  # no-op if so
     module, draft = spec_model.module, spec_model.draft
 
     def draft_step(dp, e, tokens, pos, cache):
-        return draft.make_step(dp, e)(tokens, pos, cache)  # the cache is built once, above
+        return draft.make_step(dp, e)(tokens, pos, cache)
 
     largest = max([gamma + 1, *block_sizes])
     return time_decoder_steps(
         decoder_step(module),
         (target_params, enc),
-        target_cache,
+        None,
         draft_step,
         (draft_params, enc),
-        draft_cache,
+        None,
         batch=enc.shape[0],
         position=max(0, min(position, max_decode_len - largest)),
         gamma=gamma,
         repeats=repeats,
         block_sizes=tuple(block_sizes),
+        make_caches=cache_builder(spec_model, max_decode_len),
     )

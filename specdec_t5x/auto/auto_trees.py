@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specdec_t5x import gamma_controller
+from specdec_t5x.auto import gamma_controller
 
 # The controller's measurement calls: taken as they are (they time the baseline or a chain).
 MEASUREMENTS = ("probe", "time_baseline", "retime_baseline", "retime_speculative")

@@ -1,0 +1,66 @@
+"""The row factory: the eval job's rows and the instruments beside them (the job's only way to
+auto γ and to the timing code).
+
+`build` returns the baseline(s), one chain per fixed γ, one row per token tree and, with 'auto'
+among the γs, auto γ's row (`specdec_t5x.auto.row.AutoRow`), in the job's call-order keys.
+`cost_calls`, `measure_costs` and `time_budget` are the instruments: the run's extra cost calls
+(diagnostics only), c and verify/step (`eval.cost_probe`), and where the time goes
+(`eval.diagnostics`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from specdec_t5x.auto import row as auto_row
+from specdec_t5x.eval import cost_probe, diagnostics
+from specdec_t5x.eval import rows as rows_lib
+from specdec_t5x.timing import clock
+
+call_order = clock.call_order  # the rows' seeded random order per batch
+measure_costs = cost_probe.measure  # c and verify/step: the step timer's one probe (+ the calls)
+time_budget = diagnostics.eval_time_budget  # where the time goes (DIAGNOSTICS)
+
+
+def build(spec_model, target_params, draft_params, settings: Mapping[str, Any], speculation,
+          measure) -> list[rows_lib.Row]:  # fmt: skip
+    """The rows of a run, parameters as timed (packed once by the job).
+
+    Args:
+      spec_model: `models.SpeculativeEncoderDecoderModel`; target_params, draft_params: packed.
+      settings: {'temperature', 'topk', 'topp'} for every row.
+      speculation: `eval.config.SpeculationConfig`; measure: `eval.config.MeasureConfig`.
+    """
+    out: list[rows_lib.Row] = []
+    for key, sampler in rows_lib.baseline_samplers(settings).items():
+        model = rows_lib.baseline_model(spec_model, sampler)
+        out.append(rows_lib.BaselineRow(key, model, target_params, settings))
+    for g in speculation.fixed_gammas:
+        params = {**settings, "gamma": g}
+        out.append(rows_lib.ChainRow(g, spec_model, target_params, draft_params, params))
+    for name, shape in speculation.tree_rows.items():
+        params = {**settings, "tree": shape, "tree_rule": speculation.tree_rule}
+        out.append(rows_lib.TreeRow(name, spec_model, target_params, draft_params, params))
+    if speculation.auto:
+        sampler = out[0].sampler
+        out.append(
+            auto_row.AutoRow(
+                spec_model,
+                target_params,
+                draft_params,
+                settings=settings,
+                speculation=speculation,
+                measure=measure,
+                baseline_sampler=sampler,
+            )
+        )
+    return out
+
+
+def cost_calls(spec_model, rows, settings: Mapping[str, Any], gamma: int, measure):
+    """The run's own extra cost calls beside the timed ones (`cost_probe.RunCostCalls`: 4 more
+    decode loops to compile), with the diagnostics and `loop_costs` only; else None."""
+    if not (measure.loop_costs and measure.diagnostics):
+        return None
+    return cost_probe.RunCostCalls(spec_model, rows[0].model, settings, gamma)
