@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_speculation_gate import World, curve
 
-from specdec_t5x import auto_gamma, cost_cache
+from specdec_t5x.auto import auto_gamma, cost_cache
 from specdec_t5x.timing import cost_curve
 
 BATCH = {

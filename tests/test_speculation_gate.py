@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_t5x import auto_gamma, gamma_controller, speculation_gate, speculative, theory
+from specdec_t5x import speculative, theory
+from specdec_t5x.auto import auto_gamma, gamma_controller, speculation_gate
 from specdec_t5x.timing import cost_curve
 
 TOKENS = 30

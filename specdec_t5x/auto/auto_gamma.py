@@ -27,10 +27,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_t5x import cost_cache as cost_cache_lib
-from specdec_t5x import models, speculation_gate, steps
+from specdec_t5x import models, steps
 from specdec_t5x import tree as tree_lib
-from specdec_t5x.auto import auto_trees, gamma_controller
+from specdec_t5x.auto import auto_trees, gamma_controller, speculation_gate
+from specdec_t5x.auto import cost_cache as cost_cache_lib
 from specdec_t5x.timing import cost_curve
 
 Array = jax.Array

@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 
 from specdec_t5x import theory
-from specdec_t5x.gamma_config import GammaConfig
+from specdec_t5x.auto.gamma_config import GammaConfig
 from specdec_t5x.timing import cost_curve
 
 __all__ = ["GammaConfig", "GammaController"]  # GammaConfig re-exported from `gamma_config`

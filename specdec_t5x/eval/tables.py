@@ -9,7 +9,6 @@ the provenance footer are in `table_rows`; every public name there is importable
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 from collections.abc import Sequence
