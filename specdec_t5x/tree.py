@@ -163,6 +163,29 @@ def check_tree_step(step, name: str):
 # The loop's statistics (proposals, verification and the loop: `tree_decoding`).
 
 
+class TreeVerdict(flax.struct.PyTreeNode):
+    """Outcome of verifying one tree per row.
+
+    Attributes:
+      path: int32 [batch, D + 1] node index at depths 0..D of the accepted path (root 0; entries
+        past `n_accepted` repeat the last accepted node and only ever reach stale slots).
+      n_accepted: int32 [batch] accepted depth a (0..D).
+      extra: int32 [batch] token emitted after the path (residual sample or bonus).
+      depth_tested: bool [batch, D] a child test ran at depth d + 1.
+      rank_tested: bool [batch, D, k_max] child of rank i at depth d + 1 was tested.
+      rank_accepted: bool [batch, D, k_max] ... and accepted.
+      beta: float32 [batch, D] Σ_x min(p, q) at the node whose children depth d + 1 tested.
+    """
+
+    path: Array
+    n_accepted: Array
+    extra: Array
+    depth_tested: Array
+    rank_tested: Array
+    rank_accepted: Array
+    beta: Array
+
+
 @flax.struct.dataclass
 class TreeStats:
     """Per-row statistics of a tree-speculative decode (only iterations before a row ended).
@@ -203,3 +226,60 @@ class TreeStats:
     rank_tested: Array
     rank_accepted: Array
     node_accepted: Array
+
+    @classmethod
+    def zeros(cls, batch: int, shape: TreeShape) -> TreeStats:
+        """The statistics before the first iteration, for `batch` rows and tree `shape`."""
+        zeros = lambda *s: jnp.zeros((batch,) + s, jnp.int32)
+        depth_max, k_max = shape.max_depth, shape.max_children()
+        return cls(
+            num_iterations=zeros(),
+            num_draft_tokens=zeros(),
+            num_accepted=zeros(),
+            accept_histogram=zeros(depth_max + 1),
+            beta_sum=jnp.zeros((batch,), jnp.float32),
+            num_beta=zeros(),
+            num_generated=zeros(),
+            num_proposed=zeros(),
+            depth_tested=zeros(depth_max),
+            depth_accepted=zeros(depth_max),
+            rank_tested=zeros(depth_max, k_max),
+            rank_accepted=zeros(depth_max, k_max),
+            node_accepted=zeros(shape.num_nodes),
+        )
+
+    def add(self, verdict, valid: Array, num_new: Array, active: Array) -> TreeStats:
+        """These statistics plus one iteration's (depth d counts when d <= num_new: tokens past
+        EOS / the limit do not; rows not `active` add nothing).
+
+        Args:
+          verdict: the iteration's `TreeVerdict` (`tree_decoding.verify_tree`).
+          valid: bool [batch, K] the nodes that existed (the rest were past the cache end).
+          num_new: int32 [batch] tokens written.
+          active: bool [batch] rows still decoding at the iteration's start.
+        """
+        s, depth_max = self, verdict.depth_tested.shape[1]
+        depths = jnp.arange(1, depth_max + 1)[None]
+        counted = depths <= num_new[:, None]  # [b, D]
+        tested = verdict.depth_tested & counted
+        accepted = tested & (depths <= verdict.n_accepted[:, None])
+        n_acc = jnp.sum(accepted, axis=1)
+        rows = jnp.arange(num_new.shape[0])
+        return TreeStats(
+            num_iterations=s.num_iterations + active,
+            num_draft_tokens=s.num_draft_tokens + jnp.sum(tested, 1),
+            num_accepted=s.num_accepted + n_acc,
+            accept_histogram=s.accept_histogram
+            + jax.nn.one_hot(n_acc, depth_max + 1, dtype=jnp.int32) * active[:, None],
+            beta_sum=s.beta_sum + jnp.sum(jnp.where(tested, verdict.beta, 0.0), 1),
+            num_beta=s.num_beta + jnp.sum(tested, 1),
+            num_generated=s.num_generated + num_new,
+            num_proposed=s.num_proposed + jnp.where(active, jnp.sum(valid, 1) - 1, 0),
+            depth_tested=s.depth_tested + tested,
+            depth_accepted=s.depth_accepted + accepted,
+            rank_tested=s.rank_tested + (verdict.rank_tested & counted[..., None]),
+            rank_accepted=s.rank_accepted + (verdict.rank_accepted & counted[..., None]),
+            node_accepted=s.node_accepted.at[rows[:, None], verdict.path].add(
+                jnp.concatenate([active[:, None], accepted], axis=1).astype(jnp.int32)
+            ),
+        )

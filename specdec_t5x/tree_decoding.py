@@ -52,7 +52,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,6 +66,7 @@ Array = jax.Array
 
 
 top_k_indices = sampling_lib.top_k_indices  # here since the tree loop was its first user
+TreeVerdict = tree_lib.TreeVerdict  # the walk's result (with the statistics it feeds)
 
 
 def propose_children(logits: Array, k: int, rule: str, greedy: bool, adjust, rng):
@@ -148,29 +148,6 @@ def expand_tree(draft_step, shape, last, root_logits, start, cache, rule, greedy
     return jnp.concatenate(tokens, axis=1), q, cache  # [b, K] breadth first
 
 
-class TreeVerdict(flax.struct.PyTreeNode):
-    """Outcome of verifying one tree per row.
-
-    Attributes:
-      path: int32 [batch, D + 1] node index at depths 0..D of the accepted path (root 0; entries
-        past `n_accepted` repeat the last accepted node and only ever reach stale slots).
-      n_accepted: int32 [batch] accepted depth a (0..D).
-      extra: int32 [batch] token emitted after the path (residual sample or bonus).
-      depth_tested: bool [batch, D] a child test ran at depth d + 1.
-      rank_tested: bool [batch, D, k_max] child of rank i at depth d + 1 was tested.
-      rank_accepted: bool [batch, D, k_max] ... and accepted.
-      beta: float32 [batch, D] Σ_x min(p, q) at the node whose children depth d + 1 tested.
-    """
-
-    path: Array
-    n_accepted: Array
-    extra: Array
-    depth_tested: Array
-    rank_tested: Array
-    rank_accepted: Array
-    beta: Array
-
-
 def _normalised(r: Array, fallback: Array) -> Array:
     mass = jnp.sum(r, axis=-1, keepdims=True)
     return jnp.where(mass > 0, r / jnp.where(mass > 0, mass, 1.0), fallback)
@@ -228,46 +205,20 @@ def verify_tree(
     for d in range(1, depth_max + 1):
         k = shape.max_children(d - 1)
         first, n_children = first_child[cur], num_children[cur]  # [b] each
-        found = jnp.zeros((batch,), bool)
-        chosen = cur
-        tested_i, accepted_i = [], []
+        allowed = [alive & (i < n_children) & valid[rows, first + i] for i in range(k)]
         if greedy:
             t = target_argmax[rows, cur]
             betas.append((tokens[rows, first] == t).astype(jnp.float32))  # one-hot p and q
-            for i in range(k):
-                c = first + i
-                testing = alive & ~found & (i < n_children) & valid[rows, c]
-                ok = testing & (tokens[rows, c] == t)
-                chosen = jnp.where(ok, c, chosen)
-                found |= ok
-                tested_i.append(testing)
-                accepted_i.append(ok)
+            chosen, found, tested_i, accepted_i = _greedy_children(t, tokens, cur, first, allowed)
             extra = jnp.where(alive & ~found, t, extra)
         else:
             r = p[rows, cur]  # [b, V]
             q_node = q[rows, inner_index[cur]]  # [b, V] (a leaf's is unused)
             betas.append(jnp.sum(jnp.minimum(r, q_node), axis=-1))
-            q_i = q_node
-            for i in range(k):
-                c = first + i
-                x = tokens[rows, c]
-                q_x = jnp.ones((batch,)) if rule == "topk" else q_i[rows, x]
-                testing = alive & ~found & (i < n_children) & valid[rows, c] & (q_x > 0)
-                ok = testing & (u[:, (d - 1) * k_max + i] * q_x < r[rows, x])
-                rejected = testing & ~ok
-                if rule == "topk":
-                    point = jax.nn.one_hot(x, r.shape[-1], dtype=r.dtype)
-                    r_next = residual_after_rejection(r, point)
-                else:
-                    r_next = residual_after_rejection(r, q_i)
-                r = jnp.where(rejected[:, None], r_next, r)
-                if rule == "without_replacement" and i < k - 1:  # q_{i+1}: q_i without x
-                    removed = q_i * (jnp.arange(q_i.shape[-1]) != x[:, None])
-                    q_i = jnp.where(rejected[:, None], _normalised(removed, removed), q_i)
-                chosen = jnp.where(ok, c, chosen)
-                found |= ok
-                tested_i.append(testing)
-                accepted_i.append(ok)
+            u_d = u[:, (d - 1) * k_max : (d - 1) * k_max + k]
+            chosen, found, tested_i, accepted_i, r = _sampled_children(
+                r, q_node, u_d, tokens, cur, first, allowed, rule
+            )
             r_final = jnp.where((alive & ~found)[:, None], r, r_final)
         pad = [jnp.zeros((batch,), bool)] * (k_max - k)
         rank_tested.append(jnp.stack(tested_i + pad, axis=1))
@@ -292,6 +243,69 @@ def verify_tree(
         rank_accepted=rank_accepted,
         beta=jnp.stack(betas, axis=1),
     )
+
+
+def _greedy_children(t, tokens, cur, first, allowed):
+    """Argmax mode at each row's node: its first child equal to the target's argmax t int32
+    [batch]. `allowed` bool [batch] per rank: the child exists, is valid and the row is alive.
+
+    Returns:
+      chosen int32 [batch] (the accepted child, else `cur`), found bool [batch], and per rank
+      tested / accepted bool [batch] lists.
+    """
+    rows = jnp.arange(tokens.shape[0])
+    found, chosen, tested, accepted = jnp.zeros(cur.shape, bool), cur, [], []
+    for i, ok_i in enumerate(allowed):
+        c = first + i
+        testing = ok_i & ~found
+        ok = testing & (tokens[rows, c] == t)
+        chosen = jnp.where(ok, c, chosen)
+        found |= ok
+        tested.append(testing)
+        accepted.append(ok)
+    return chosen, found, tested, accepted
+
+
+def _sampled_children(r, q_node, u, tokens, cur, first, allowed, rule):
+    """The rule's child tests at each row's node, in rank order (the module docstring).
+
+    Args:
+      r: float32 [batch, vocab] the target's distribution p at the node.
+      q_node: float32 [batch, vocab] the draft's q there (the children's first proposal).
+      u: float32 [batch, k] one uniform per rank.
+      tokens, cur, first: node tokens int32 [batch, K], the node and its first child int32
+        [batch].
+      allowed: per rank bool [batch] (the child exists, is valid and the row is alive).
+      rule: one of `tree_lib.TREE_RULES`.
+
+    Returns:
+      chosen int32 [batch], found bool [batch], per rank tested / accepted bool [batch] lists and
+      r float32 [batch, vocab], the residual left after the rejections.
+    """
+    rows = jnp.arange(tokens.shape[0])
+    found, chosen, tested, accepted = jnp.zeros(cur.shape, bool), cur, [], []
+    q_i, k = q_node, len(allowed)
+    for i in range(k):
+        c = first + i
+        x = tokens[rows, c]
+        q_x = jnp.ones(cur.shape) if rule == "topk" else q_i[rows, x]
+        testing = allowed[i] & ~found & (q_x > 0)
+        ok = testing & (u[:, i] * q_x < r[rows, x])
+        rejected = testing & ~ok
+        if rule == "topk":
+            point = jax.nn.one_hot(x, r.shape[-1], dtype=r.dtype)
+            r_next = residual_after_rejection(r, point)
+        else:
+            r_next = residual_after_rejection(r, q_i)
+        r = jnp.where(rejected[:, None], r_next, r)
+        if rule == "without_replacement" and i < k - 1:  # q_{i+1}: q_i without x
+            removed = q_i * (jnp.arange(q_i.shape[-1]) != x[:, None])
+            q_i = jnp.where(rejected[:, None], _normalised(removed, removed), q_i)
+        chosen = jnp.where(ok, c, chosen)
+        found |= ok
+        tested.append(testing)
+        accepted.append(ok)
+    return chosen, found, tested, accepted, r
 
 
 def tree_sample(
@@ -391,7 +405,7 @@ def tree_iteration(
             f"the caches hold {cache_slots} decoder slots; tree speculation needs at least "
             f"max_decode_len={max_len} (max_decode_len + {shape.num_nodes - 1} keeps trees whole)."
         )
-    stats = _zero_stats(batch, shape)
+    stats = tree_lib.TreeStats.zeros(batch, shape)
     init, limit = loop.start(inputs, steps_limit, shape.max_depth, target, draft, decode_rng, stats)
     body = functools.partial(
         _iteration,
@@ -405,26 +419,6 @@ def tree_iteration(
         sampling=sampling,
     )
     return init, body
-
-
-def _zero_stats(batch: int, shape: tree_lib.TreeShape) -> tree_lib.TreeStats:
-    zeros = lambda *s: jnp.zeros((batch,) + s, jnp.int32)
-    depth_max, k_max = shape.max_depth, shape.max_children()
-    return tree_lib.TreeStats(
-        num_iterations=zeros(),
-        num_draft_tokens=zeros(),
-        num_accepted=zeros(),
-        accept_histogram=zeros(depth_max + 1),
-        beta_sum=jnp.zeros((batch,), jnp.float32),
-        num_beta=zeros(),
-        num_generated=zeros(),
-        num_proposed=zeros(),
-        depth_tested=zeros(depth_max),
-        depth_accepted=zeros(depth_max),
-        rank_tested=zeros(depth_max, k_max),
-        rank_accepted=zeros(depth_max, k_max),
-        node_accepted=zeros(shape.num_nodes),
-    )
 
 
 def _iteration(
@@ -489,34 +483,5 @@ def _iteration(
         target_cache=tc,
         draft_cache=dc,
         rng=rng,
-        stats=_count(state.stats, verdict, valid, out.num_new, active),
-    )
-
-
-def _count(s: tree_lib.TreeStats, verdict: TreeVerdict, valid, num_new, active):
-    """6. Statistics (depth d counts when d <= num_new: tokens past EOS / the limit do not)."""
-    depth_max = verdict.depth_tested.shape[1]
-    depths = jnp.arange(1, depth_max + 1)[None]
-    counted = depths <= num_new[:, None]  # [b, D]
-    tested = verdict.depth_tested & counted
-    accepted = tested & (depths <= verdict.n_accepted[:, None])
-    n_acc = jnp.sum(accepted, axis=1)
-    rows = jnp.arange(num_new.shape[0])
-    return tree_lib.TreeStats(
-        num_iterations=s.num_iterations + active,
-        num_draft_tokens=s.num_draft_tokens + jnp.sum(tested, 1),
-        num_accepted=s.num_accepted + n_acc,
-        accept_histogram=s.accept_histogram
-        + jax.nn.one_hot(n_acc, depth_max + 1, dtype=jnp.int32) * active[:, None],
-        beta_sum=s.beta_sum + jnp.sum(jnp.where(tested, verdict.beta, 0.0), 1),
-        num_beta=s.num_beta + jnp.sum(tested, 1),
-        num_generated=s.num_generated + num_new,
-        num_proposed=s.num_proposed + jnp.where(active, jnp.sum(valid, 1) - 1, 0),
-        depth_tested=s.depth_tested + tested,
-        depth_accepted=s.depth_accepted + accepted,
-        rank_tested=s.rank_tested + (verdict.rank_tested & counted[..., None]),
-        rank_accepted=s.rank_accepted + (verdict.rank_accepted & counted[..., None]),
-        node_accepted=s.node_accepted.at[rows[:, None], verdict.path].add(
-            jnp.concatenate([active[:, None], accepted], axis=1).astype(jnp.int32)
-        ),
+        stats=state.stats.add(verdict, valid, out.num_new, active),
     )
