@@ -28,6 +28,10 @@ position; position 0 is the start token 0; `length` n counts valid positions)::
   after:  buffer = [0, a, b, x, y, t, _], n = 6; caches valid for positions 0..4. The stale slots
           (draft 4, target 5) are never read: the next calls start at position 5 and overwrite.
 
+Code: `speculative_sample` checks its keywords into settings objects and runs `_iteration` (the
+paper's steps, one helper each: `_draft`, `_score`, `_verify`, then `loop.emit` and `_count`) in a
+`lax.while_loop`; the tree loop (`tree_decoding`) shares `loop` with it.
+
 When all γ drafts are accepted the draft never consumed d_γ; the next iteration's first draft call
 then feeds two tokens (d_γ, bonus) instead of one (`draft_behind`), so no extra draft call is made.
 """
@@ -81,6 +85,22 @@ class SpeculativeStats:
     num_proposed: Array
     log_prob: Array
 
+    @classmethod
+    def zeros(cls, batch: int, gamma: int) -> SpeculativeStats:
+        """The statistics before the first iteration, for `batch` rows and γ = `gamma`."""
+        zeros = lambda *shape: jnp.zeros((batch,) + shape, jnp.int32)
+        return cls(
+            num_iterations=zeros(),
+            num_draft_tokens=zeros(),
+            num_accepted=zeros(),
+            accept_histogram=zeros(gamma + 1),
+            beta_sum=jnp.zeros((batch,), jnp.float32),
+            num_beta=zeros(),
+            num_generated=zeros(),
+            num_proposed=zeros(),
+            log_prob=jnp.zeros((batch,), jnp.float32),
+        )
+
 
 def speculative_sample(
     inputs: Array,
@@ -104,7 +124,10 @@ def speculative_sample(
     """Decodes with the target's exact output distribution, calling it once per γ + 1 tokens.
 
     Algorithm 1 of the paper, batched with per-row acceptance: each row accepts its own number of
-    drafts and ends at its own EOS; the loop ends when every row has ended or is full.
+    drafts and ends at its own EOS; the loop ends when every row has ended or is full. The
+    keywords are T5X's (gin binds them as T5X's `temperature_sample`'s); they are checked into a
+    `sampling.SamplingSettings` (temperature, topk, topp) and a `speculation.Speculation` (the
+    others but decode_rng), which the loop (`_iteration`, or `tree_decoding.tree_sample`) takes.
 
     Args:
       inputs: int32 [batch, max_decode_len], T5X semantics: all zeros for plain decoding; a
@@ -147,8 +170,9 @@ def speculative_sample(
         per-rank acceptance).
 
     Raises:
-      ValueError: γ < 1, unknown verification, threshold outside [0, 1), temperature < 0 or not a static number, topk < 0, topp outside [0, 1],
-        topk and topp both set, target and draft vocabularies of different size, eos_id outside
+      ValueError: no γ and no tree, γ < 1, unknown verification, threshold outside [0, 1),
+        temperature < 0 or not a static number, topk < 0, topp outside [0, 1], topk and topp
+        both set, target and draft vocabularies of different size, eos_id outside
         the vocabulary, inputs not 2-D, or max_decode_steps outside [0, max_decode_len]; with
         `tree`: a bad shape or rule, γ other than None or the tree's depth, block verification,
         early exit, or steps without tree support.
@@ -183,7 +207,13 @@ def speculative_sample(
         )  # fmt: skip
     batch, max_len = loop.check(inputs, max_decode_steps, target, draft, eos_id)
     init, limit = loop.start(
-        inputs, max_decode_steps, gamma, target, draft, decode_rng, _zero_stats(batch, gamma)
+        inputs,
+        max_decode_steps,
+        gamma,
+        target,
+        draft,
+        decode_rng,
+        SpeculativeStats.zeros(batch, gamma),
     )
     body = functools.partial(
         _iteration,
@@ -195,21 +225,6 @@ def speculative_sample(
         speculation=speculation,
     )
     return loop.run(body, init, max_len)
-
-
-def _zero_stats(batch: int, gamma: int) -> SpeculativeStats:
-    zeros = lambda *shape: jnp.zeros((batch,) + shape, jnp.int32)
-    return SpeculativeStats(
-        num_iterations=zeros(),
-        num_draft_tokens=zeros(),
-        num_accepted=zeros(),
-        accept_histogram=zeros(gamma + 1),
-        beta_sum=jnp.zeros((batch,), jnp.float32),
-        num_beta=zeros(),
-        num_generated=zeros(),
-        num_proposed=zeros(),
-        log_prob=jnp.zeros((batch,), jnp.float32),
-    )
 
 
 def _iteration(
@@ -262,17 +277,10 @@ def _iteration(
     )
 
 
-def _adjust(sampling: SamplingSettings):
-    """Raw logits -> adjusted logits (temperature, then top-k or top-p; §2.2)."""
-    return lambda logits: sampling_lib.adjust_logits(
-        logits, sampling.temperature, sampling.topk, sampling.topp
-    )
-
-
 def _draft(draft_fn, state, active, sampling: SamplingSettings, speculation: Speculation, rng):
     """Step 1: drafts int32 [batch, γ], q float32 [batch, γ, vocab] (None in argmax mode),
     num_drafts int32 [batch] and the draft cache (`_draft_block`)."""
-    greedy, adjust = sampling.greedy, _adjust(sampling)
+    greedy, adjust = sampling.greedy, sampling.adjust_logits
 
     def propose(logits, uniform):
         if greedy:
@@ -315,7 +323,7 @@ def _verify(drafts, q, target_logits, num_drafts, rng, sampling: SamplingSetting
     if sampling.greedy:
         return verify.greedy_accept(drafts, target_logits, num_drafts), None
     accept = verify.block_accept if speculation.verification == "block" else verify.token_accept
-    p = jax.nn.softmax(_adjust(sampling)(target_logits), axis=-1)  # [b, γ + 1, V]
+    p = jax.nn.softmax(sampling.adjust_logits(target_logits), axis=-1)  # [b, γ + 1, V]
     return accept(rng, drafts, q, p, num_drafts), p
 
 

@@ -434,10 +434,7 @@ def _iteration(
     sampling: SamplingSettings,
 ) -> loop.LoopState:
     """One iteration of the tree loop for every row (`tree_iteration`'s body)."""
-    greedy = sampling.greedy
-    adjust = lambda logits: sampling_lib.adjust_logits(
-        logits, sampling.temperature, sampling.topk, sampling.topp
-    )
+    greedy, adjust = sampling.greedy, sampling.adjust_logits
     if greedy:
         rng, draft_rng, verify_rng = state.rng, None, None
     else:
