@@ -100,6 +100,10 @@ class SamplingSettings:
         """`{'temperature', 'topk', 'topp'}`: keyword arguments of both samplers."""
         return dataclasses.asdict(self)
 
+    def adjust_logits(self, logits: Array) -> Array:
+        """`adjust_logits` under these settings: float32 [..., vocab] -> float32 [..., vocab]."""
+        return adjust_logits(logits, self.temperature, self.topk, self.topp)
+
 
 def is_greedy(temperature: float) -> bool:
     """True when a static temperature selects argmax decoding (float32 T <= `MIN_TEMPERATURE`)."""

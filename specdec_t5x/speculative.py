@@ -28,22 +28,28 @@ position; position 0 is the start token 0; `length` n counts valid positions)::
   after:  buffer = [0, a, b, x, y, t, _], n = 6; caches valid for positions 0..4. The stale slots
           (draft 4, target 5) are never read: the next calls start at position 5 and overwrite.
 
+Code: `speculative_sample` checks its keywords into settings objects and runs `_iteration` (the
+paper's steps, one helper each: `_draft`, `_score`, `_verify`, then `loop.emit` and `_count`) in a
+`lax.while_loop`; the tree loop (`tree_decoding`) shares `loop` with it.
+
 When all γ drafts are accepted the draft never consumed d_γ; the next iteration's first draft call
 then feeds two tokens (d_γ, bonus) instead of one (`draft_behind`), so no extra draft call is made.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from specdec_t5x import sampling, steps
-from specdec_t5x import tree as tree_lib  # `tree` is speculative_sample's argument
+from specdec_t5x import loop, steps, tree_decoding
+from specdec_t5x import sampling as sampling_lib  # `sampling` is the settings' name below
 from specdec_t5x import verification as verify
+from specdec_t5x.sampling import SamplingSettings
+from specdec_t5x.speculation import Speculation
 
 Array = jax.Array
 
@@ -79,29 +85,21 @@ class SpeculativeStats:
     num_proposed: Array
     log_prob: Array
 
-
-@flax.struct.dataclass
-class _LoopState:
-    """Carry of the speculative loop.
-
-    Attributes:
-      buffer: int32 [batch, max_decode_len + gamma + 2] decoder inputs by absolute position.
-      length: int32 [batch] valid positions in `buffer` (start token included).
-      draft_behind: bool [batch] the draft cache lacks the entry at position length - 2.
-      done: bool [batch] row ended (EOS) or reached its length limit.
-      target_cache, draft_cache: the closures' caches.
-      rng: PRNG key.
-      stats: `SpeculativeStats`.
-    """
-
-    buffer: Array
-    length: Array
-    draft_behind: Array
-    done: Array
-    target_cache: Any
-    draft_cache: Any
-    rng: Array
-    stats: SpeculativeStats
+    @classmethod
+    def zeros(cls, batch: int, gamma: int) -> SpeculativeStats:
+        """The statistics before the first iteration, for `batch` rows and γ = `gamma`."""
+        zeros = lambda *shape: jnp.zeros((batch,) + shape, jnp.int32)
+        return cls(
+            num_iterations=zeros(),
+            num_draft_tokens=zeros(),
+            num_accepted=zeros(),
+            accept_histogram=zeros(gamma + 1),
+            beta_sum=jnp.zeros((batch,), jnp.float32),
+            num_beta=zeros(),
+            num_generated=zeros(),
+            num_proposed=zeros(),
+            log_prob=jnp.zeros((batch,), jnp.float32),
+        )
 
 
 def speculative_sample(
@@ -126,7 +124,10 @@ def speculative_sample(
     """Decodes with the target's exact output distribution, calling it once per γ + 1 tokens.
 
     Algorithm 1 of the paper, batched with per-row acceptance: each row accepts its own number of
-    drafts and ends at its own EOS; the loop ends when every row has ended or is full.
+    drafts and ends at its own EOS; the loop ends when every row has ended or is full. The
+    keywords are T5X's (gin binds them as T5X's `temperature_sample`'s); they are checked into a
+    `sampling.SamplingSettings` (temperature, topk, topp) and a `speculation.Speculation` (the
+    others but decode_rng), which the loop (`_iteration`, or `tree_decoding.tree_sample`) takes.
 
     Args:
       inputs: int32 [batch, max_decode_len], T5X semantics: all zeros for plain decoding; a
@@ -169,246 +170,188 @@ def speculative_sample(
         per-rank acceptance).
 
     Raises:
-      ValueError: γ < 1, unknown verification, threshold outside [0, 1), temperature < 0 or not a static number, topk < 0, topp outside [0, 1],
-        topk and topp both set, target and draft vocabularies of different size, eos_id outside
+      ValueError: no γ and no tree, γ < 1, unknown verification, threshold outside [0, 1),
+        temperature < 0 or not a static number, topk < 0, topp outside [0, 1], topk and topp
+        both set, target and draft vocabularies of different size, eos_id outside
         the vocabulary, inputs not 2-D, or max_decode_steps outside [0, max_decode_len]; with
         `tree`: a bad shape or rule, γ other than None or the tree's depth, block verification,
         early exit, or steps without tree support.
     """
-    if tree is not None:
-        return _tree_sample(
-            inputs,
-            target_cache,
-            target_tokens_to_logits,
-            draft_cache,
-            draft_tokens_to_logits,
-            eos_id,
-            gamma=gamma,
-            decode_rng=decode_rng,
-            temperature=temperature,
-            topk=topk,
-            topp=topp,
-            max_decode_steps=max_decode_steps,
-            verification=verification,
-            draft_confidence_threshold=draft_confidence_threshold,
-            tree=tree,
-            tree_rule=tree_rule,
-        )
-    if gamma is None:
+    speculation = Speculation(
+        gamma=gamma,
+        tree=tree,
+        tree_rule=tree_rule,
+        verification=verification,
+        draft_confidence_threshold=draft_confidence_threshold,
+        max_decode_steps=max_decode_steps,
+    )
+    if speculation.depth is None:
         raise ValueError(
             "speculative decoding needs gamma (draft tokens per iteration, an int >= 1) or a "
             "tree: pass decoder_params={'gamma': 5}, or bind speculative.speculative_sample.gamma "
             "in gin (the GAMMA macro of gin/t5x/speculative.gin for T5X's infer.py and eval.py; "
             "the eval job's GAMMA)."
         )
-    if not isinstance(gamma, int) or gamma < 1:
-        hint = (
-            " (γ = 'auto' is chosen outside jit: gamma_control.AutoGammaDecoder, or the eval job)"
-            if gamma == "auto"
-            else ""
-        )
-        raise ValueError(f"gamma must be an int >= 1; got gamma={gamma!r}{hint}.")
-    if verification not in verify.VERIFICATIONS:
-        raise ValueError(
-            f"verification must be one of {verify.VERIFICATIONS}; got verification={verification!r}."
-        )
-    accept_fn = verify.block_accept if verification == "block" else verify.token_accept
-    threshold = draft_confidence_threshold
-    if not isinstance(threshold, int | float) or not 0.0 <= threshold < 1.0:
-        raise ValueError(
-            "draft_confidence_threshold must be a static number in [0, 1) (0 = off); got "
-            f"draft_confidence_threshold={threshold!r}."
-        )
     if not isinstance(temperature, int | float):
         raise ValueError(
             f"temperature must be a static Python number; got {type(temperature)} (per-row "
             "temperature arrays are supported by decoding.temperature_sample only)."
         )
-    sampling.validate(temperature, topk, topp)
-    if inputs.ndim != 2:
-        raise ValueError(f"inputs must be int32 [batch, max_decode_len]; got shape {inputs.shape}.")
-    batch, max_len = inputs.shape
-    concrete = isinstance(max_decode_steps, int | np.integer)  # else a (traced) int32 scalar
-    if concrete and not 0 <= int(max_decode_steps) <= max_len:
-        raise ValueError(
-            f"max_decode_steps must be in [0, max_decode_len={max_len}]; got {max_decode_steps}."
-        )
-    steps.check_vocab(
-        target_tokens_to_logits, target_cache, draft_tokens_to_logits, draft_cache, batch, eos_id
+    settings = SamplingSettings(temperature, topk, topp)
+    target = (target_tokens_to_logits, target_cache)
+    draft = (draft_tokens_to_logits, draft_cache)
+    if tree is not None:
+        return tree_decoding.tree_sample(
+            inputs, target_cache, target_tokens_to_logits, draft_cache, draft_tokens_to_logits,
+            eos_id, sampling=settings, speculation=speculation, decode_rng=decode_rng,
+        )  # fmt: skip
+    batch, max_len = loop.check(inputs, max_decode_steps, target, draft, eos_id)
+    init, limit = loop.start(
+        inputs,
+        max_decode_steps,
+        gamma,
+        target,
+        draft,
+        decode_rng,
+        SpeculativeStats.zeros(batch, gamma),
     )
-    greedy = sampling.is_greedy(temperature)
-    if decode_rng is None:
-        decode_rng = jax.random.PRNGKey(0)
+    body = functools.partial(
+        _iteration,
+        target_fn=target_tokens_to_logits,
+        draft_fn=draft_tokens_to_logits,
+        eos_id=eos_id,
+        limit=limit,
+        sampling=settings,
+        speculation=speculation,
+    )
+    return loop.run(body, init, max_len)
 
-    buffer, length, limit, target_cache, draft_cache = steps.start_loop(
-        inputs, max_decode_steps, gamma, (target_tokens_to_logits, target_cache),
-        (draft_tokens_to_logits, draft_cache),
-    )  # fmt: skip
-    init = _LoopState(
-        buffer=buffer,
-        length=length,
-        draft_behind=jnp.zeros((batch,), bool),
-        done=length - 1 >= limit,
+
+def _iteration(
+    state: loop.LoopState,
+    *,
+    target_fn: steps.BlockStep,
+    draft_fn: steps.BlockStep,
+    eos_id: int,
+    limit: Array,
+    sampling: SamplingSettings,
+    speculation: Speculation,
+) -> loop.LoopState:
+    """One iteration of Algorithm 1 for every row (rows already done keep their tokens, length
+    and statistics).
+
+    Args:
+      state: `loop.LoopState` with `SpeculativeStats`.
+      target_fn, draft_fn: the target's and draft's `steps.BlockStep`s.
+      eos_id: end-of-sequence id.
+      limit: int32 [batch] the rows' length limits (`loop.start`).
+      sampling, speculation: the run's settings (every field of `speculation` resolved).
+
+    Returns:
+      The `loop.LoopState` after the iteration.
+    """
+    if sampling.greedy:  # no random numbers in argmax mode
+        rng = draft_rng = verify_rng = state.rng
+    else:
+        rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
+    active = ~state.done
+    # 1. M_q guesses d_1..d_γ autoregressively (q_1..q_γ; fewer per row with early exit).
+    drafts, q, num_drafts, draft_cache = _draft(
+        draft_fn, state, active, sampling, speculation, draft_rng
+    )
+    # 2. M_p scores all γ + 1 prefixes in one parallel call (p_1..p_{γ+1}).
+    target_logits, target_cache = _score(target_fn, state, drafts, num_drafts, active, speculation)
+    # 3. Accept/reject the drafts, and 4. sample the correction (or bonus) token t.
+    verdict, p = _verify(drafts, q, target_logits, num_drafts, verify_rng, sampling, speculation)
+    # 5. Emit d_1..d_{n_accepted}, t (cut at EOS and at the row's limit) and count.
+    out = loop.emit(state, drafts, verdict.n_accepted, verdict.extra, eos_id, limit, active)
+    return loop.LoopState(
+        buffer=out.buffer,
+        length=out.length,
+        draft_behind=active & (verdict.n_accepted == num_drafts),
+        done=state.done | out.ended,
         target_cache=target_cache,
         draft_cache=draft_cache,
-        rng=decode_rng,
-        stats=SpeculativeStats(
-            num_iterations=jnp.zeros((batch,), jnp.int32),
-            num_draft_tokens=jnp.zeros((batch,), jnp.int32),
-            num_accepted=jnp.zeros((batch,), jnp.int32),
-            accept_histogram=jnp.zeros((batch, gamma + 1), jnp.int32),
-            beta_sum=jnp.zeros((batch,), jnp.float32),
-            num_beta=jnp.zeros((batch,), jnp.int32),
-            num_generated=jnp.zeros((batch,), jnp.int32),
-            num_proposed=jnp.zeros((batch,), jnp.int32),
-            log_prob=jnp.zeros((batch,), jnp.float32),
-        ),
+        rng=rng,
+        stats=_count(state.stats, verdict, num_drafts, out, p, active),
     )
-    adjust = lambda logits: sampling.adjust_logits(logits, temperature, topk, topp)
 
-    def body(state: _LoopState) -> _LoopState:
-        if greedy:  # no random numbers in argmax mode
-            rng = draft_rng = verify_rng = state.rng
-        else:
-            rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
-        n, active = state.length, ~state.done
-        rows = jnp.arange(batch)
-        last = state.buffer[rows, n - 1]  # [b] last token, fed at position n - 1
 
-        # 1. Draft up to γ tokens autoregressively (q_1..q_γ, d_1..d_γ; `_draft_block`).
-        def propose(logits, uniform):
-            if greedy:
-                return sampling.first_argmax(logits), None
-            q = jax.nn.softmax(adjust(logits), axis=-1)
-            return sampling.inverse_cdf_sample(uniform, q), q
+def _draft(draft_fn, state, active, sampling: SamplingSettings, speculation: Speculation, rng):
+    """Step 1: drafts int32 [batch, γ], q float32 [batch, γ, vocab] (None in argmax mode),
+    num_drafts int32 [batch] and the draft cache (`_draft_block`)."""
+    greedy, adjust = sampling.greedy, sampling.adjust_logits
 
-        def first_draft_call(dc):
-            def one_token(dc):
-                logits, dc = draft_tokens_to_logits(last[:, None], n - 1, dc)
-                return logits[:, 0], dc
-
-            def two_tokens(dc):
-                # Rows behind feed (d_γ, bonus) at n-2, n-1; others (last, last) at n-1, n and
-                # use column 0 (their slot n is overwritten before it is ever read).
-                behind = state.draft_behind
-                prev = state.buffer[rows, jnp.maximum(n - 2, 0)]
-                tokens = jnp.stack([jnp.where(behind, prev, last), last], axis=1)  # [b, 2]
-                logits, dc = draft_tokens_to_logits(tokens, n - 1 - behind, dc)
-                return jnp.where(behind[:, None], logits[:, 1], logits[:, 0]), dc
-
-            return jax.lax.cond(jnp.any(state.draft_behind & active), two_tokens, one_token, dc)
-
-        logits0, dc = first_draft_call(state.draft_cache)
-        drafts, q, num_drafts, dc = _draft_block(
-            draft_tokens_to_logits,
-            propose,
-            logits0,
-            dc,
-            n,
-            None if greedy else draft_rng,
-            active,
-            gamma,
-            threshold,
-        )
-
-        # 2. One target call scores all γ + 1 prefixes (p_1..p_{γ+1}); with early exit it scores
-        # only the longest row's block (one compiled call per block length, chosen by lax.switch).
-        block = jnp.concatenate([last[:, None], drafts], axis=1)  # [b, γ + 1]
-
-        def verify_call(k):
-            def call(tc):
-                logits, tc = target_tokens_to_logits(block[:, : k + 1], n - 1, tc)
-                return jnp.pad(logits, ((0, 0), (0, gamma - k), (0, 0))), tc  # -> [b, γ + 1, V]
-
-            return call
-
-        if threshold > 0:
-            longest = jnp.max(jnp.where(active, num_drafts, 1))
-            calls = [verify_call(k) for k in range(1, gamma + 1)]
-            target_logits, tc = jax.lax.switch(longest - 1, calls, state.target_cache)
-        else:
-            target_logits, tc = verify_call(gamma)(state.target_cache)
-
-        # 3. Accept/reject (`verification`): n_accepted and the extra token t.
+    def propose(logits, uniform):
         if greedy:
-            verdict = verify.greedy_accept(drafts, target_logits, num_drafts)
-        else:
-            p = jax.nn.softmax(adjust(target_logits), axis=-1)  # [b, γ + 1, V]
-            verdict = accept_fn(verify_rng, drafts, q, p, num_drafts)
-            p_token = lambda tokens: jnp.take_along_axis(p, tokens[..., None], -1)[..., 0]
-        n_accepted, extra, beta = verdict
+            return sampling_lib.first_argmax(logits), None
+        q = jax.nn.softmax(adjust(logits), axis=-1)
+        return sampling_lib.inverse_cdf_sample(uniform, q), q
 
-        # 4. Emit d_1..d_{n_accepted}, t; cut at EOS and at the row's length limit.
-        slots = jnp.arange(gamma + 1)
-        new_tokens = jnp.pad(drafts, ((0, 0), (0, 1)))
-        new_tokens = jnp.where(slots == n_accepted[:, None], extra[:, None], new_tokens)
-        is_eos = (new_tokens == eos_id) & (slots <= n_accepted[:, None])
-        first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), gamma + 1)
-        num_new = jnp.minimum(jnp.minimum(n_accepted + 1, first_eos + 1), limit - (n - 1))
-        num_new = jnp.where(active, num_new, 0)
-        if greedy:  # T5X's greedy score: the adjusted distribution is one-hot
-            log_prob = jnp.zeros((batch,), jnp.float32)
-        else:
-            log_p = jnp.log(p_token(new_tokens))  # [b, γ + 1]
-            log_prob = jnp.sum(jnp.where(slots < num_new[:, None], log_p, 0.0), axis=1)
-
-        def write(row_buffer, row_new, start, count):
-            window = jax.lax.dynamic_slice(row_buffer, (start,), (gamma + 1,))
-            window = jnp.where(slots < count, row_new, window)
-            return jax.lax.dynamic_update_slice(row_buffer, window, (start,))
-
-        buffer = jax.vmap(write)(state.buffer, new_tokens, n, num_new)
-        new_length = n + num_new
-        ended = active & ((first_eos < num_new) | (new_length - 1 >= limit))
-
-        # 5. Statistics of this iteration (zero for rows already done).
-        tested = jnp.minimum(jnp.minimum(n_accepted + 1, num_drafts), num_new)
-        accepted = jnp.minimum(n_accepted, num_new)
-        s = state.stats
-        stats = SpeculativeStats(
-            num_iterations=s.num_iterations + active,
-            num_draft_tokens=s.num_draft_tokens + tested,
-            num_accepted=s.num_accepted + accepted,
-            accept_histogram=s.accept_histogram
-            + (jax.nn.one_hot(accepted, gamma + 1, dtype=jnp.int32) * active[:, None]),
-            beta_sum=s.beta_sum + jnp.sum(jnp.where(slots[:gamma] < tested[:, None], beta, 0), 1),
-            num_beta=s.num_beta + tested,
-            num_generated=s.num_generated + num_new,
-            num_proposed=s.num_proposed + jnp.where(active, num_drafts, 0),
-            log_prob=s.log_prob + log_prob,
-        )
-        return _LoopState(
-            buffer=buffer,
-            length=new_length,
-            draft_behind=active & (n_accepted == num_drafts),
-            done=state.done | ended,
-            target_cache=tc,
-            draft_cache=dc,
-            rng=rng,
-            stats=stats,
-        )
-
-    final = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, init)
-    return final.buffer[:, 1 : max_len + 1], final.stats
+    logits0, dc = loop.draft_root_logits(draft_fn, state, active)
+    return _draft_block(
+        draft_fn, propose, logits0, dc, state.length, None if greedy else rng, active,
+        speculation.gamma, speculation.draft_confidence_threshold,
+    )  # fmt: skip
 
 
-def _tree_sample(*args, gamma, verification, draft_confidence_threshold, tree, **kwargs):
-    """`tree_decoding.tree_sample` after the checks of the arguments it does not take."""
-    shape = tree_lib.parse_tree(tree)
-    if gamma is not None and gamma != shape.max_depth:
-        raise ValueError(
-            f"gamma must be None or the tree's depth {shape.max_depth} with tree={tree!r}; got "
-            f"gamma={gamma!r}."
-        )
-    if verification != "token" or draft_confidence_threshold:
-        raise ValueError(
-            "tree speculation has its own verification (tree_rule) and no early exit; got "
-            f"verification={verification!r}, draft_confidence_threshold="
-            f"{draft_confidence_threshold!r}."
-        )
-    from specdec_t5x import tree_decoding  # local: it imports this module
+def _score(target_fn, state, drafts, num_drafts, active, speculation: Speculation):
+    """Step 2: the target's logits float32 [batch, γ + 1, vocab] after last, d_1..d_γ (with early
+    exit only the longest row's block is scored, one compiled call per block length chosen by
+    `lax.switch`; the rest is padding) and the target cache."""
+    gamma, n = speculation.gamma, state.length
+    last = state.buffer[jnp.arange(n.shape[0]), n - 1]  # [b] fed at position n - 1
+    block = jnp.concatenate([last[:, None], drafts], axis=1)  # [b, γ + 1]
 
-    return tree_decoding.tree_sample(*args, tree=shape, **kwargs)
+    def verify_call(k):
+        def call(tc):
+            logits, tc = target_fn(block[:, : k + 1], n - 1, tc)
+            return jnp.pad(logits, ((0, 0), (0, gamma - k), (0, 0))), tc  # -> [b, γ + 1, V]
+
+        return call
+
+    if speculation.draft_confidence_threshold > 0:
+        longest = jnp.max(jnp.where(active, num_drafts, 1))
+        calls = [verify_call(k) for k in range(1, gamma + 1)]
+        return jax.lax.switch(longest - 1, calls, state.target_cache)
+    return verify_call(gamma)(state.target_cache)
+
+
+def _verify(drafts, q, target_logits, num_drafts, rng, sampling: SamplingSettings, speculation):
+    """Steps 3 and 4: the `verification.Verdict` (n_accepted, the extra token t, β) and p float32
+    [batch, γ + 1, vocab], the target's adjusted distributions (None in argmax mode)."""
+    if sampling.greedy:
+        return verify.greedy_accept(drafts, target_logits, num_drafts), None
+    accept = verify.block_accept if speculation.verification == "block" else verify.token_accept
+    p = jax.nn.softmax(sampling.adjust_logits(target_logits), axis=-1)  # [b, γ + 1, V]
+    return accept(rng, drafts, q, p, num_drafts), p
+
+
+def _count(s: SpeculativeStats, verdict, num_drafts, out: loop.Emitted, p, active):
+    """Step 5's statistics of this iteration (zero for rows already done)."""
+    n_accepted, num_new = verdict.n_accepted, out.num_new
+    gamma = verdict.beta.shape[1]
+    slots = jnp.arange(gamma + 1)
+    if p is None:  # T5X's greedy score: the adjusted distribution is one-hot
+        log_prob = jnp.zeros(num_new.shape, jnp.float32)
+    else:
+        log_p = jnp.log(jnp.take_along_axis(p, out.tokens[..., None], -1)[..., 0])  # [b, γ + 1]
+        log_prob = jnp.sum(jnp.where(slots < num_new[:, None], log_p, 0.0), axis=1)
+    tested = jnp.minimum(jnp.minimum(n_accepted + 1, num_drafts), num_new)
+    accepted = jnp.minimum(n_accepted, num_new)
+    return SpeculativeStats(
+        num_iterations=s.num_iterations + active,
+        num_draft_tokens=s.num_draft_tokens + tested,
+        num_accepted=s.num_accepted + accepted,
+        accept_histogram=s.accept_histogram
+        + (jax.nn.one_hot(accepted, gamma + 1, dtype=jnp.int32) * active[:, None]),
+        beta_sum=s.beta_sum
+        + jnp.sum(jnp.where(slots[:gamma] < tested[:, None], verdict.beta, 0), 1),
+        num_beta=s.num_beta + tested,
+        num_generated=s.num_generated + num_new,
+        num_proposed=s.num_proposed + jnp.where(active, num_drafts, 0),
+        log_prob=s.log_prob + log_prob,
+    )
 
 
 def _draft_block(draft_fn, propose, logits0, dc, n, rng, active, gamma, threshold):

@@ -49,21 +49,24 @@ Worked example, tree (2, 1), 2 accepted (start = n - 1 = 2, last token b at posi
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import sampling
-from specdec_t5x import steps as model_steps
+from specdec_t5x import loop
+from specdec_t5x import sampling as sampling_lib  # `sampling` is the settings' name below
 from specdec_t5x import tree as tree_lib
+from specdec_t5x.sampling import SamplingSettings
+from specdec_t5x.speculation import Speculation
 
 Array = jax.Array
 
 
-top_k_indices = sampling.top_k_indices  # here since the tree loop was its first user
+top_k_indices = sampling_lib.top_k_indices  # here since the tree loop was its first user
+TreeVerdict = tree_lib.TreeVerdict  # the walk's result (with the statistics it feeds)
 
 
 def propose_children(logits: Array, k: int, rule: str, greedy: bool, adjust, rng):
@@ -89,7 +92,7 @@ def propose_children(logits: Array, k: int, rule: str, greedy: bool, adjust, rng
         children = top_k_indices(adjusted, k)
     elif rule == "iid":
         u = jax.random.uniform(rng, (k,) + logits.shape[:-1])  # [k, b, n]
-        children = jnp.stack([sampling.inverse_cdf_sample(u[i], q) for i in range(k)], -1)
+        children = jnp.stack([sampling_lib.inverse_cdf_sample(u[i], q) for i in range(k)], -1)
     else:  # without replacement: x_i ~ q with x_1..x_{i-1} removed (one uniform per child; a
         # Gumbel per vocabulary entry, the same distribution, cost ~10x more on CPU). Past q's
         # support the row has no mass left: its child is any id, with q_i = 0 it is never tested.
@@ -97,7 +100,7 @@ def propose_children(logits: Array, k: int, rule: str, greedy: bool, adjust, rng
         vocab_ids = jnp.arange(q.shape[-1])
         remaining, picks = q, []
         for i in range(k):
-            picks.append(sampling.inverse_cdf_sample(u[i], remaining))
+            picks.append(sampling_lib.inverse_cdf_sample(u[i], remaining))
             remaining = jnp.where(vocab_ids == picks[-1][..., None], 0.0, remaining)
         children = jnp.stack(picks, -1)
     return children.astype(jnp.int32), q
@@ -128,48 +131,21 @@ def expand_tree(draft_step, shape, last, root_logits, start, cache, rule, greedy
     level = last[:, None]  # the tokens of the nodes at depth d, [b, n_d]
     tokens, q_parts = [level], []
     for d in range(depth_max):
-        nodes, inner = shape.nodes_at(d), shape.inner_at(d)
         if d > 0:  # feed the nodes at depth d that have children
-            query = tree_lib.TreeQuery(shape, inner)
-            fed = level if inner == nodes else level[:, np.asarray([nodes.index(i) for i in inner])]
+            query = tree_lib.TreeQuery(shape, shape.inner_at(d))
+            columns = shape.frontier_columns(d)
+            fed = level if columns is None else level[:, np.asarray(columns)]
             frontier_logits, cache = draft_step(fed, start, cache, tree=query)
-        k = shape.max_children(d)
         children, q_d = propose_children(
-            frontier_logits, k, rule, greedy, adjust, depth_rngs[d]
+            frontier_logits, shape.max_children(d), rule, greedy, adjust, depth_rngs[d]
         )  # [b, len(inner), k]
-        # Node j at depth d + 1 is child `rank[j]` of its parent, the `inner.index(parent)`-th.
-        below = shape.nodes_at(d + 1)
-        pick = [inner.index(int(shape.parent[j])) * k + int(shape.rank[j]) for j in below]
         level = children.reshape(batch, -1)  # [b, len(inner) * k]
-        if pick != list(range(level.shape[1])):  # some nodes have fewer than k children
-            level = level[:, np.asarray(pick)]  # [b, n_{d+1}]
+        columns = shape.children_columns(d)  # some nodes have fewer than k children
+        level = level if columns is None else level[:, np.asarray(columns)]  # [b, n_{d+1}]
         tokens.append(level)
         q_parts.append(q_d)
     q = None if greedy else jnp.concatenate(q_parts, axis=1)  # [b, num_inner, V]
     return jnp.concatenate(tokens, axis=1), q, cache  # [b, K] breadth first
-
-
-class TreeVerdict(flax.struct.PyTreeNode):
-    """Outcome of verifying one tree per row.
-
-    Attributes:
-      path: int32 [batch, D + 1] node index at depths 0..D of the accepted path (root 0; entries
-        past `n_accepted` repeat the last accepted node and only ever reach stale slots).
-      n_accepted: int32 [batch] accepted depth a (0..D).
-      extra: int32 [batch] token emitted after the path (residual sample or bonus).
-      depth_tested: bool [batch, D] a child test ran at depth d + 1.
-      rank_tested: bool [batch, D, k_max] child of rank i at depth d + 1 was tested.
-      rank_accepted: bool [batch, D, k_max] ... and accepted.
-      beta: float32 [batch, D] Σ_x min(p, q) at the node whose children depth d + 1 tested.
-    """
-
-    path: Array
-    n_accepted: Array
-    extra: Array
-    depth_tested: Array
-    rank_tested: Array
-    rank_accepted: Array
-    beta: Array
 
 
 def _normalised(r: Array, fallback: Array) -> Array:
@@ -229,46 +205,20 @@ def verify_tree(
     for d in range(1, depth_max + 1):
         k = shape.max_children(d - 1)
         first, n_children = first_child[cur], num_children[cur]  # [b] each
-        found = jnp.zeros((batch,), bool)
-        chosen = cur
-        tested_i, accepted_i = [], []
+        allowed = [alive & (i < n_children) & valid[rows, first + i] for i in range(k)]
         if greedy:
             t = target_argmax[rows, cur]
             betas.append((tokens[rows, first] == t).astype(jnp.float32))  # one-hot p and q
-            for i in range(k):
-                c = first + i
-                testing = alive & ~found & (i < n_children) & valid[rows, c]
-                ok = testing & (tokens[rows, c] == t)
-                chosen = jnp.where(ok, c, chosen)
-                found |= ok
-                tested_i.append(testing)
-                accepted_i.append(ok)
+            chosen, found, tested_i, accepted_i = _greedy_children(t, tokens, cur, first, allowed)
             extra = jnp.where(alive & ~found, t, extra)
         else:
             r = p[rows, cur]  # [b, V]
             q_node = q[rows, inner_index[cur]]  # [b, V] (a leaf's is unused)
             betas.append(jnp.sum(jnp.minimum(r, q_node), axis=-1))
-            q_i = q_node
-            for i in range(k):
-                c = first + i
-                x = tokens[rows, c]
-                q_x = jnp.ones((batch,)) if rule == "topk" else q_i[rows, x]
-                testing = alive & ~found & (i < n_children) & valid[rows, c] & (q_x > 0)
-                ok = testing & (u[:, (d - 1) * k_max + i] * q_x < r[rows, x])
-                rejected = testing & ~ok
-                if rule == "topk":
-                    point = jax.nn.one_hot(x, r.shape[-1], dtype=r.dtype)
-                    r_next = residual_after_rejection(r, point)
-                else:
-                    r_next = residual_after_rejection(r, q_i)
-                r = jnp.where(rejected[:, None], r_next, r)
-                if rule == "without_replacement" and i < k - 1:  # q_{i+1}: q_i without x
-                    removed = q_i * (jnp.arange(q_i.shape[-1]) != x[:, None])
-                    q_i = jnp.where(rejected[:, None], _normalised(removed, removed), q_i)
-                chosen = jnp.where(ok, c, chosen)
-                found |= ok
-                tested_i.append(testing)
-                accepted_i.append(ok)
+            u_d = u[:, (d - 1) * k_max : (d - 1) * k_max + k]
+            chosen, found, tested_i, accepted_i, r = _sampled_children(
+                r, q_node, u_d, tokens, cur, first, allowed, rule
+            )
             r_final = jnp.where((alive & ~found)[:, None], r, r_final)
         pad = [jnp.zeros((batch,), bool)] * (k_max - k)
         rank_tested.append(jnp.stack(tested_i + pad, axis=1))
@@ -282,7 +232,7 @@ def verify_tree(
         extra = jnp.where(alive, target_argmax[rows, cur], extra)
     else:
         r_final = jnp.where(alive[:, None], p[rows, cur], r_final)
-        extra = sampling.inverse_cdf_sample(u[:, -1], r_final)
+        extra = sampling_lib.inverse_cdf_sample(u[:, -1], r_final)
     rank_accepted = jnp.stack(rank_accepted, axis=1)  # [b, D, k_max]
     return TreeVerdict(
         path=jnp.stack(path, axis=1),  # [b, D + 1]
@@ -295,19 +245,67 @@ def verify_tree(
     )
 
 
-@flax.struct.dataclass
-class _LoopState:
-    """Carry of the tree loop (as `speculative._LoopState`): buffer int32 [batch, L + D + 2],
-    length int32 [batch], draft_behind bool [batch], done bool [batch], the caches, rng, stats."""
+def _greedy_children(t, tokens, cur, first, allowed):
+    """Argmax mode at each row's node: its first child equal to the target's argmax t int32
+    [batch]. `allowed` bool [batch] per rank: the child exists, is valid and the row is alive.
 
-    buffer: Array
-    length: Array
-    draft_behind: Array
-    done: Array
-    target_cache: Any
-    draft_cache: Any
-    rng: Array
-    stats: tree_lib.TreeStats
+    Returns:
+      chosen int32 [batch] (the accepted child, else `cur`), found bool [batch], and per rank
+      tested / accepted bool [batch] lists.
+    """
+    rows = jnp.arange(tokens.shape[0])
+    found, chosen, tested, accepted = jnp.zeros(cur.shape, bool), cur, [], []
+    for i, ok_i in enumerate(allowed):
+        c = first + i
+        testing = ok_i & ~found
+        ok = testing & (tokens[rows, c] == t)
+        chosen = jnp.where(ok, c, chosen)
+        found |= ok
+        tested.append(testing)
+        accepted.append(ok)
+    return chosen, found, tested, accepted
+
+
+def _sampled_children(r, q_node, u, tokens, cur, first, allowed, rule):
+    """The rule's child tests at each row's node, in rank order (the module docstring).
+
+    Args:
+      r: float32 [batch, vocab] the target's distribution p at the node.
+      q_node: float32 [batch, vocab] the draft's q there (the children's first proposal).
+      u: float32 [batch, k] one uniform per rank.
+      tokens, cur, first: node tokens int32 [batch, K], the node and its first child int32
+        [batch].
+      allowed: per rank bool [batch] (the child exists, is valid and the row is alive).
+      rule: one of `tree_lib.TREE_RULES`.
+
+    Returns:
+      chosen int32 [batch], found bool [batch], per rank tested / accepted bool [batch] lists and
+      r float32 [batch, vocab], the residual left after the rejections.
+    """
+    rows = jnp.arange(tokens.shape[0])
+    found, chosen, tested, accepted = jnp.zeros(cur.shape, bool), cur, [], []
+    q_i, k = q_node, len(allowed)
+    for i in range(k):
+        c = first + i
+        x = tokens[rows, c]
+        q_x = jnp.ones(cur.shape) if rule == "topk" else q_i[rows, x]
+        testing = allowed[i] & ~found & (q_x > 0)
+        ok = testing & (u[:, i] * q_x < r[rows, x])
+        rejected = testing & ~ok
+        if rule == "topk":
+            point = jax.nn.one_hot(x, r.shape[-1], dtype=r.dtype)
+            r_next = residual_after_rejection(r, point)
+        else:
+            r_next = residual_after_rejection(r, q_i)
+        r = jnp.where(rejected[:, None], r_next, r)
+        if rule == "without_replacement" and i < k - 1:  # q_{i+1}: q_i without x
+            removed = q_i * (jnp.arange(q_i.shape[-1]) != x[:, None])
+            q_i = jnp.where(rejected[:, None], _normalised(removed, removed), q_i)
+        chosen = jnp.where(ok, c, chosen)
+        found |= ok
+        tested.append(testing)
+        accepted.append(ok)
+    return chosen, found, tested, accepted, r
 
 
 def tree_sample(
@@ -318,19 +316,14 @@ def tree_sample(
     draft_tokens_to_logits: tree_lib.TreeStep,
     eos_id: int,
     *,
-    tree,
-    tree_rule: str = "without_replacement",
+    sampling: SamplingSettings,
+    speculation: Speculation,
     decode_rng: Array | None = None,
-    temperature: float = 1.0,
-    topk: int = 0,
-    topp: float = 0.0,
-    max_decode_steps: int | None = None,
 ) -> tuple[Array, tree_lib.TreeStats]:
     """Decodes with the target's exact output distribution, verifying a draft tree per call.
 
     Reached through `speculative.speculative_sample(tree=...)`. The loop runs `tree_iteration`'s
-    body until every row is done; arguments (as `speculative.speculative_sample`'s) and errors as
-    there.
+    body until every row is done; arguments and errors as `tree_iteration`'s.
 
     Returns:
       decodes int32 [batch, max_decode_len] and `tree_lib.TreeStats`.
@@ -342,16 +335,11 @@ def tree_sample(
         draft_cache,
         draft_tokens_to_logits,
         eos_id,
-        tree=tree,
-        tree_rule=tree_rule,
+        sampling=sampling,
+        speculation=speculation,
         decode_rng=decode_rng,
-        temperature=temperature,
-        topk=topk,
-        topp=topp,
-        max_decode_steps=max_decode_steps,
     )
-    final = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, init)
-    return final.buffer[:, 1 : inputs.shape[1] + 1], final.stats
+    return loop.run(body, init, inputs.shape[1])
 
 
 def tree_iteration(
@@ -362,14 +350,10 @@ def tree_iteration(
     draft_tokens_to_logits: tree_lib.TreeStep,
     eos_id: int,
     *,
-    tree,
-    tree_rule: str = "without_replacement",
+    sampling: SamplingSettings,
+    speculation: Speculation,
     decode_rng: Array | None = None,
-    temperature: float = 1.0,
-    topk: int = 0,
-    topp: float = 0.0,
-    max_decode_steps: int | None = None,
-) -> tuple[Any, Any]:
+) -> tuple[loop.LoopState, Any]:
     """The tree loop's initial state and body (`tree_sample` runs the body until every row is done;
     `scripts/profile_tree.py` times one body alone).
 
@@ -384,51 +368,34 @@ def tree_iteration(
       inputs: int32 [batch, max_decode_len] (T5X semantics: zeros, or a forced prompt after the
         start slot).
       target_cache, draft_cache: the steps' caches, at least max_decode_len slots each (nodes
-        whose slot start + i passes either cache's end are cut, see `tree_lib.TreeStep.cache_slots`; give
-        them max_decode_len + K - 1 slots to keep every tree whole).
+        whose slot start + i passes either cache's end are cut, see
+        `tree_lib.TreeStep.cache_slots`; give them max_decode_len + K - 1 slots to keep every tree
+        whole).
       target_tokens_to_logits, draft_tokens_to_logits: `tree_lib.TreeStep`s.
       eos_id: end-of-sequence id.
-      tree: per-depth branching factors (e.g. (3, 2, 1)), child-rank paths (e.g. ((0,), (1,),
-        (0, 0))) or a `tree_lib.TreeShape`.
-      tree_rule: acceptance rule at T > 0, one of `tree_lib.TREE_RULES`.
-      decode_rng, temperature, topk, topp, max_decode_steps: as `speculative.speculative_sample`.
+      sampling: `sampling.SamplingSettings` (a static temperature).
+      speculation: `speculation.Speculation` with a tree (its `tree_rule` None: the default
+        'without_replacement'; `max_decode_steps` as `speculative.speculative_sample`'s).
+      decode_rng: PRNG key (None: `PRNGKey(0)`); unused in argmax mode.
 
     Returns:
-      (init, body): the loop state before the first iteration (its `done` bool [batch] says which
-      rows are finished; `buffer[:, 1 : max_decode_len + 1]` are the decodes, `stats` the
+      (init, body): the `loop.LoopState` before the first iteration (its `done` bool [batch] says
+      which rows are finished; `buffer[:, 1 : max_decode_len + 1]` are the decodes, `stats` the
       `tree_lib.TreeStats`) and `body(state) -> state`, one iteration for every row (rows already
       done keep their tokens, length and statistics; their caches past their length may change).
 
     Raises:
-      ValueError: a bad tree, rule, step, sampling setting, vocabulary or limit.
+      ValueError: a step without tree support, caches shorter than max_decode_len, or (`loop.check`)
+        inputs not 2-D, a bad max_decode_steps, vocabularies of different size, eos_id outside
+        the vocabulary.
     """
-
-    shape = tree_lib.parse_tree(tree)
-    if tree_rule not in tree_lib.TREE_RULES:
-        raise ValueError(
-            f"tree_rule must be one of {tree_lib.TREE_RULES}; got tree_rule={tree_rule!r}."
-        )
+    shape = speculation.shape
     tree_lib.check_tree_step(target_tokens_to_logits, "target")
     tree_lib.check_tree_step(draft_tokens_to_logits, "draft")
-    if not isinstance(temperature, int | float):
-        raise ValueError(f"temperature must be a static Python number; got {type(temperature)}.")
-    sampling.validate(temperature, topk, topp)
-    if inputs.ndim != 2:
-        raise ValueError(f"inputs must be int32 [batch, max_decode_len]; got shape {inputs.shape}.")
-    batch, max_len = inputs.shape
-    if isinstance(max_decode_steps, int | np.integer) and not 0 <= max_decode_steps <= max_len:
-        raise ValueError(
-            f"max_decode_steps must be in [0, max_decode_len={max_len}]; got {max_decode_steps}."
-        )
-    model_steps.check_vocab(
-        target_tokens_to_logits, target_cache, draft_tokens_to_logits, draft_cache, batch, eos_id
-    )
-    greedy = sampling.is_greedy(temperature)
-    if decode_rng is None:
-        decode_rng = jax.random.PRNGKey(0)
-    depth_max, k_max, num_nodes = shape.max_depth, shape.max_children(), shape.num_nodes
-    has_children = jnp.asarray(shape.num_children > 0)
-    all_nodes = tree_lib.TreeQuery(shape, tuple(range(num_nodes)))
+    target = (target_tokens_to_logits, target_cache)
+    draft = (draft_tokens_to_logits, draft_cache)
+    steps_limit = speculation.max_decode_steps
+    batch, max_len = loop.check(inputs, steps_limit, target, draft, eos_id)
     cache_slots = min(
         target_tokens_to_logits.cache_slots(target_cache),
         draft_tokens_to_logits.cache_slots(draft_cache),
@@ -436,146 +403,82 @@ def tree_iteration(
     if cache_slots < max_len:
         raise ValueError(
             f"the caches hold {cache_slots} decoder slots; tree speculation needs at least "
-            f"max_decode_len={max_len} (max_decode_len + {num_nodes - 1} keeps trees whole)."
+            f"max_decode_len={max_len} (max_decode_len + {shape.num_nodes - 1} keeps trees whole)."
         )
-
-    buffer, length, limit, target_cache, draft_cache = model_steps.start_loop(
-        inputs,
-        max_decode_steps,
-        depth_max,
-        (target_tokens_to_logits, target_cache),
-        (draft_tokens_to_logits, draft_cache),
-    )  # [b, L] -> [b, L + D + 2]; fmt: skip
-    zeros = lambda *s: jnp.zeros((batch,) + s, jnp.int32)
-    init = _LoopState(
-        buffer=buffer,
-        length=length,
-        draft_behind=jnp.zeros((batch,), bool),
-        done=length - 1 >= limit,
-        target_cache=target_cache,
-        draft_cache=draft_cache,
-        rng=decode_rng,
-        stats=tree_lib.TreeStats(
-            num_iterations=zeros(),
-            num_draft_tokens=zeros(),
-            num_accepted=zeros(),
-            accept_histogram=zeros(depth_max + 1),
-            beta_sum=jnp.zeros((batch,), jnp.float32),
-            num_beta=zeros(),
-            num_generated=zeros(),
-            num_proposed=zeros(),
-            depth_tested=zeros(depth_max),
-            depth_accepted=zeros(depth_max),
-            rank_tested=zeros(depth_max, k_max),
-            rank_accepted=zeros(depth_max, k_max),
-            node_accepted=zeros(num_nodes),
-        ),
+    stats = tree_lib.TreeStats.zeros(batch, shape)
+    init, limit = loop.start(inputs, steps_limit, shape.max_depth, target, draft, decode_rng, stats)
+    body = functools.partial(
+        _iteration,
+        target_fn=target_tokens_to_logits,
+        draft_fn=draft_tokens_to_logits,
+        eos_id=eos_id,
+        limit=limit,
+        cache_slots=cache_slots,
+        shape=shape,
+        rule=speculation.tree_rule or "without_replacement",
+        sampling=sampling,
     )
-    adjust = lambda logits: sampling.adjust_logits(logits, temperature, topk, topp)
-
-    def body(state: _LoopState) -> _LoopState:
-        if greedy:
-            rng, draft_rng, verify_rng = state.rng, None, None
-        else:
-            rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
-        n, active = state.length, ~state.done
-        start = n - 1  # the root: the last emitted token, at position (and slot) n - 1
-        rows = jnp.arange(batch)
-        last = state.buffer[rows, start]
-
-        # 1. Draft: the root's logits (a plain call; rows behind also feed the previous leaf),
-        # then one tree call per depth whose frontier nodes are its M rows.
-        def one_token(dc):
-            logits, dc = draft_tokens_to_logits(last[:, None], start, dc)
-            return logits[:, 0], dc
-
-        def two_tokens(dc):
-            behind = state.draft_behind
-            prev = state.buffer[rows, jnp.maximum(n - 2, 0)]
-            pair = jnp.stack([jnp.where(behind, prev, last), last], axis=1)  # [b, 2]
-            logits, dc = draft_tokens_to_logits(pair, start - behind, dc)
-            return jnp.where(behind[:, None], logits[:, 1], logits[:, 0]), dc
-
-        root_logits, dc = jax.lax.cond(
-            jnp.any(state.draft_behind & active), two_tokens, one_token, state.draft_cache
-        )
-        tokens, q, dc = expand_tree(
-            draft_tokens_to_logits, shape, last, root_logits, start, dc, tree_rule, greedy,
-            adjust, draft_rng,
-        )  # fmt: skip
-        valid = jnp.arange(num_nodes)[None] < (cache_slots - start)[:, None]  # slot in cache
-
-        # 2. One target call on every node.
-        target_logits, tc = target_tokens_to_logits(
-            tokens, start, state.target_cache, tree=all_nodes
-        )
-
-        # 3. Verification: the accepted path and the extra token.
-        if greedy:
-            verdict = verify_tree(
-                shape, tokens, valid, tree_rule, target_argmax=sampling.first_argmax(target_logits)
-            )
-        else:
-            p = jax.nn.softmax(adjust(target_logits), axis=-1)  # [b, K, V]
-            verdict = verify_tree(shape, tokens, valid, tree_rule, p=p, q=q, rng=verify_rng)
-        a = verdict.n_accepted
-
-        # 4. Emit the path's tokens and the extra token; cut at EOS and at the length limit.
-        slots = jnp.arange(depth_max + 1)
-        path_tokens = jnp.take_along_axis(tokens, verdict.path[:, 1:], axis=1)  # [b, D]
-        new_tokens = jnp.pad(path_tokens, ((0, 0), (0, 1)))
-        new_tokens = jnp.where(slots == a[:, None], verdict.extra[:, None], new_tokens)
-        is_eos = (new_tokens == eos_id) & (slots <= a[:, None])
-        first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), depth_max + 1)
-        num_new = jnp.minimum(jnp.minimum(a + 1, first_eos + 1), limit - start)
-        num_new = jnp.where(active, num_new, 0)
-
-        def write(row_buffer, row_new, at, count):
-            window = jax.lax.dynamic_slice(row_buffer, (at,), (depth_max + 1,))
-            window = jnp.where(slots < count, row_new, window)
-            return jax.lax.dynamic_update_slice(row_buffer, window, (at,))
-
-        buffer = jax.vmap(write)(state.buffer, new_tokens, n, num_new)
-        new_length = n + num_new
-        ended = active & ((first_eos < num_new) | (new_length - 1 >= limit))
-
-        # 5. The accepted path's cache entries to positions start..start + a (both caches).
-        tc = target_tokens_to_logits.move_slots(tc, start, verdict.path)
-        dc = draft_tokens_to_logits.move_slots(dc, start, verdict.path)
-
-        # 6. Statistics (depth d counts when d <= num_new: tokens past EOS / the limit do not).
-        counted = jnp.arange(1, depth_max + 1)[None] <= num_new[:, None]  # [b, D]
-        tested = verdict.depth_tested & counted
-        accepted = tested & (jnp.arange(1, depth_max + 1)[None] <= a[:, None])
-        n_acc = jnp.sum(accepted, axis=1)
-        s = state.stats
-        stats = tree_lib.TreeStats(
-            num_iterations=s.num_iterations + active,
-            num_draft_tokens=s.num_draft_tokens + jnp.sum(tested, 1),
-            num_accepted=s.num_accepted + n_acc,
-            accept_histogram=s.accept_histogram
-            + jax.nn.one_hot(n_acc, depth_max + 1, dtype=jnp.int32) * active[:, None],
-            beta_sum=s.beta_sum + jnp.sum(jnp.where(tested, verdict.beta, 0.0), 1),
-            num_beta=s.num_beta + jnp.sum(tested, 1),
-            num_generated=s.num_generated + num_new,
-            num_proposed=s.num_proposed + jnp.where(active, jnp.sum(valid, 1) - 1, 0),
-            depth_tested=s.depth_tested + tested,
-            depth_accepted=s.depth_accepted + accepted,
-            rank_tested=s.rank_tested + (verdict.rank_tested & counted[..., None]),
-            rank_accepted=s.rank_accepted + (verdict.rank_accepted & counted[..., None]),
-            node_accepted=s.node_accepted.at[rows[:, None], verdict.path].add(
-                jnp.concatenate([active[:, None], accepted], axis=1).astype(jnp.int32)
-            ),
-        )
-        return _LoopState(
-            buffer=buffer,
-            length=new_length,
-            draft_behind=active & ~has_children[verdict.path[rows, a]],  # path end not fed
-            done=state.done | ended,
-            target_cache=tc,
-            draft_cache=dc,
-            rng=rng,
-            stats=stats,
-        )
-
     return init, body
+
+
+def _iteration(
+    state: loop.LoopState,
+    *,
+    target_fn,
+    draft_fn,
+    eos_id: int,
+    limit: Array,
+    cache_slots: int,
+    shape: tree_lib.TreeShape,
+    rule: str,
+    sampling: SamplingSettings,
+) -> loop.LoopState:
+    """One iteration of the tree loop for every row (`tree_iteration`'s body)."""
+    greedy, adjust = sampling.greedy, sampling.adjust_logits
+    if greedy:
+        rng, draft_rng, verify_rng = state.rng, None, None
+    else:
+        rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
+    n, active = state.length, ~state.done
+    start = n - 1  # the root: the last emitted token, at position (and slot) n - 1
+    rows = jnp.arange(n.shape[0])
+    last = state.buffer[rows, start]
+
+    # 1. Draft: the root's logits (a plain call; rows behind also feed the previous leaf),
+    # then one tree call per depth whose frontier nodes are its M rows.
+    root_logits, dc = loop.draft_root_logits(draft_fn, state, active)
+    tokens, q, dc = expand_tree(
+        draft_fn, shape, last, root_logits, start, dc, rule, greedy, adjust, draft_rng
+    )
+    valid = jnp.arange(shape.num_nodes)[None] < (cache_slots - start)[:, None]  # slot in cache
+
+    # 2. One target call on every node.
+    all_nodes = tree_lib.TreeQuery(shape, tuple(range(shape.num_nodes)))
+    target_logits, tc = target_fn(tokens, start, state.target_cache, tree=all_nodes)
+
+    # 3. Verification: the accepted path and the extra token.
+    if greedy:
+        argmax = sampling_lib.first_argmax(target_logits)
+        verdict = verify_tree(shape, tokens, valid, rule, target_argmax=argmax)
+    else:
+        p = jax.nn.softmax(adjust(target_logits), axis=-1)  # [b, K, V]
+        verdict = verify_tree(shape, tokens, valid, rule, p=p, q=q, rng=verify_rng)
+
+    # 4. Emit the path's tokens and the extra token; cut at EOS and at the length limit.
+    path_tokens = jnp.take_along_axis(tokens, verdict.path[:, 1:], axis=1)  # [b, D]
+    out = loop.emit(state, path_tokens, verdict.n_accepted, verdict.extra, eos_id, limit, active)
+
+    # 5. The accepted path's cache entries to positions start..start + a (both caches).
+    tc = target_fn.move_slots(tc, start, verdict.path)
+    dc = draft_fn.move_slots(dc, start, verdict.path)
+    has_children = jnp.asarray(shape.num_children > 0)
+    return loop.LoopState(
+        buffer=out.buffer,
+        length=out.length,
+        draft_behind=active & ~has_children[verdict.path[rows, verdict.n_accepted]],  # not fed
+        done=state.done | out.ended,
+        target_cache=tc,
+        draft_cache=dc,
+        rng=rng,
+        stats=state.stats.add(verdict, valid, out.num_new, active),
+    )

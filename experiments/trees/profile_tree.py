@@ -240,6 +240,8 @@ class Profiler:
 
     def body(self, shape: tree_lib.TreeShape, move: bool):
         from specdec_t5x import tree_decoding
+        from specdec_t5x.sampling import SamplingSettings
+        from specdec_t5x.speculation import Speculation
 
         slots = self.max_len + shape.num_nodes - 1
         (tc, ts), (dc, ds) = self.states(slots)
@@ -253,8 +255,8 @@ class Profiler:
             dc,
             ds,
             self.spec_model.eos_id,
-            tree=shape,
-            temperature=self.temperature,
+            sampling=SamplingSettings(self.temperature),
+            speculation=Speculation(tree=shape),
         )
         # Start from a row `prefix` tokens in (arbitrary tokens); the body's work does not depend
         # on whether the row has ended.
