@@ -47,7 +47,7 @@ def decode(argv: Sequence[str]) -> list[dict]:
         raise ValueError(f"decode takes a fixed GAMMA >= 1 (e.g. --gin.GAMMA=3); got {gamma!r}.")
     settings = sampling.SamplingSettings(*(macro(k) for k in ("TEMPERATURE", "TOPK", "TOPP")))
     rows = lineup.build(  # the eval job's: at T = 0 the baseline first, the chain at γ last
-        spec_model, target_params, draft_params, settings.decoder_params(),
+        spec_model, target_params, draft_params, settings,
         config.SpeculationConfig(gamma), config.MeasureConfig(),
     )  # fmt: skip
     vocab, eos, rng, records = spec_model.input_vocabulary, spec_model.eos_id, macro("SEED"), []

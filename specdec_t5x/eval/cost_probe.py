@@ -18,6 +18,8 @@ import numpy as np
 from specdec_t5x import models
 from specdec_t5x.eval import costs as costs_lib
 from specdec_t5x.eval import rows
+from specdec_t5x.sampling import SamplingSettings
+from specdec_t5x.speculation import Speculation
 from specdec_t5x.timing import loops, overheads
 
 logger = logging.getLogger(__name__)
@@ -46,9 +48,12 @@ class RunCostCalls:
         base_short = jax.jit(
             lambda tp, b, rng: baseline.predict_batch_with_aux(tp, b, rng, decoder_params=short)[0]
         )
-        spec_short = rows.speculative_fn(spec_model, {**short, "gamma": gamma})
-        free_full = rows.speculative_fn(free, {**settings, "gamma": gamma})
-        free_short = rows.speculative_fn(free, {**short, "gamma": gamma})
+        sampling = SamplingSettings(**settings)
+        chain = Speculation(gamma=gamma)
+        chain_short = Speculation(gamma=gamma, max_decode_steps=self.SHORT)
+        spec_short = rows.speculative_fn(spec_model, sampling, chain_short)
+        free_full = rows.speculative_fn(free, sampling, chain)
+        free_short = rows.speculative_fn(free, sampling, chain_short)
         self.fns = {
             "cost:baseline:short": lambda tp, dp, b, rng: base_short(tp, b, rng),
             "cost:speculative:short": spec_short,

@@ -152,7 +152,7 @@ def evaluate(
                 spec_model, target_params, draft_params, sampling_settings
             )
             rows = lineup.build(
-                spec_model, target_params, draft_params, settings, speculation, measure
+                spec_model, target_params, draft_params, sampling_settings, speculation, measure
             )
             baseline_sampler = rows[0].sampler
             for row in rows:  # a short run starts auto γ without calibration rounds

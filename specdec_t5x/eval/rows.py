@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from specdec_t5x import models, sampling, steps
+from specdec_t5x.speculation import Speculation
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +56,31 @@ class Row(Protocol):
         """Adds the row's own entries to the flat metrics (most rows: none)."""
 
 
-def speculative_fn(spec_model, decoder_params: Mapping[str, Any]):
-    """Jitted `(target_params, draft_params, batch, rng) -> (tokens, aux)` at fixed settings (the
-    one adapter between the job and `models.SpeculativeEncoderDecoderModel`)."""
-    decoder_params = dict(decoder_params)
+def speculative_fn(
+    spec_model, sampling_settings: sampling.SamplingSettings, speculation: Speculation
+):
+    """Jitted `(target_params, draft_params, batch, rng) -> (tokens, aux)` at fixed settings: the
+    one place the job calls the speculative model (its typed path,
+    `SpeculativeEncoderDecoderModel.decode`).
+
+    Args:
+      spec_model: `models.SpeculativeEncoderDecoderModel`.
+      sampling_settings: temperature, top-k, top-p for target and draft alike.
+      speculation: the row's γ or token tree and its rule (`speculation.Speculation`).
+
+    Returns:
+      fn(target_params, draft_params, batch, rng) -> (decodes int32 [batch, max_decode_len],
+      {'scores': float32 [batch], 'stats': per-row statistics}).
+    """
 
     def predict(target_params, draft_params, batch, rng):
-        return spec_model.predict_batch_with_aux(
-            target_params, batch, rng, decoder_params=decoder_params, draft_params=draft_params
+        return spec_model.decode(
+            target_params,
+            batch,
+            rng,
+            sampling=sampling_settings,
+            speculation=speculation,
+            draft_params=draft_params,
         )
 
     return jax.jit(predict)
@@ -136,9 +154,10 @@ class BaselineRow(_Jitted):
 class ChainRow(_Jitted):
     """Speculative decoding with a chain of γ drafts per iteration."""
 
-    def __init__(self, key: Hashable, spec_model, target_params, draft_params, decoder_params):
+    def __init__(self, key: Hashable, spec_model, target_params, draft_params,
+                 sampling_settings: sampling.SamplingSettings, speculation: Speculation):  # fmt: skip
         self.key, self.target_params, self.draft_params = key, target_params, draft_params
-        self._fn = speculative_fn(spec_model, decoder_params)
+        self._fn = speculative_fn(spec_model, sampling_settings, speculation)
 
     def _call(self, batch, rng):
         return self._fn(self.target_params, self.draft_params, batch, rng)
