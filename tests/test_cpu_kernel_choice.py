@@ -52,7 +52,7 @@ def test_the_fastest_candidate_is_chosen_per_bucket(auto):
         ("split", 2): 0.5,
         ("xla", 4): 0.2,
         ("single", 8): 0.5,
-        ("xla", 8): 0.49,
+        ("xla", 8): 0.45,
     }
     res = choice.ensure([(64, 96)], "float32", timer=table_timer(table))
     assert res["measured"] == len(choice.BUCKETS) and res["cached"] == 0

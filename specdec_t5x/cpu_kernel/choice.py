@@ -53,8 +53,8 @@ CACHE_ENV_VAR = "SPECDEC_CPU_CHOICE_CACHE"
 MODES = ("auto", "threshold", "split", "single", "xla")
 CANDIDATES = ("split", "single", "xla")  # in this order of preference on equal medians
 BUCKETS = (1, 2, 4, 8, 16)
-XLA_MARGIN = 0.03  # XLA is chosen only when more than 3 % faster than the kernel's best
-VERSION = 1  # bump when what is measured changes: old entries then miss
+XLA_MARGIN = 0.25  # XLA is chosen only when more than 25 % faster than the kernel's best
+VERSION = 2  # bump when what is measured changes: old entries then miss
 # A choice -> the kernel's `threads` attribute ('xla' never reaches the kernel).
 THREADS = {
     "auto": extension.THREADS_AUTO,
@@ -62,7 +62,7 @@ THREADS = {
     "split": extension.THREADS_SPLIT,
     "single": extension.THREADS_ONE,
 }
-_ROUNDS = 5  # interleaved rounds per (shape, bucket); the median decides
+_ROUNDS = 7  # interleaved rounds per (shape, bucket); the median decides
 # Weight copies rotated per timed call (at most 4): ~4 MiB, more than this CPU's L2, so each
 # product streams its weights from L3 or DRAM as in a step (every compiled copy costs start time).
 _COPIES_BYTES = 4 << 20
