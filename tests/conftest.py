@@ -16,9 +16,10 @@ from specdec_t5x.data import corpora
 # The command-line tools keep JAX's compiled programs in ~/.cache (`eval.cli`); tests that run
 # them in-process or as subprocesses leave it alone unless asked.
 os.environ.setdefault("SPECDEC_COMPILATION_CACHE", "0")
-# Packing times the kernel against XLA per shape (`cpu_kernel.choice`) and caches it in ~/.cache;
-# tests keep the size rule (deterministic, no timing) unless they set the choice themselves.
-os.environ.setdefault("SPECDEC_CPU_CHOICE", "threshold")
+# With SPECDEC_CPU_CHOICE=auto packing times the kernel against XLA per shape (`cpu_kernel.choice`)
+# and caches it in ~/.cache; tests keep the size rule (deterministic, no timing) unless they set
+# the choice themselves, whatever the environment says.
+os.environ["SPECDEC_CPU_CHOICE"] = "threshold"
 os.environ.setdefault("SPECDEC_CPU_CHOICE_CACHE", "0")
 
 TINY = dict(

@@ -138,6 +138,9 @@ def test_bad_entries_and_switches(auto, monkeypatch):
     assert choice.ensure([(8, 8)], "float32", timer=failing_timer)["measured"] == 0
     monkeypatch.setenv(choice.CACHE_ENV_VAR, "off")
     assert choice.cache_path() is None
+    monkeypatch.delenv(choice.ENV_VAR)  # the default: the size rule, nothing measured
+    assert choice.mode() == "threshold" == choice.DEFAULT_MODE
+    assert choice.choose(64, 96, 1, "float32", True) == "auto"
 
 
 def test_a_failed_timing_leaves_the_size_rule(auto):

@@ -2,7 +2,12 @@
 and weight dtype, the fastest of {the kernel split over XLA's intra-op threads ('split'), the
 kernel on the calling thread ('single'), XLA's `jnp.dot` on the raw kernel ('xla')}.
 
-* When: `pack_params` calls `ensure` for the decode projections' distinct `[K, N]` shapes (outside
+Off by default (`SPECDEC_CPU_CHOICE=auto` turns it on): on the shared 2-core Zen 5 VM this was
+built on (load 12-16), the isolated per-product timing did not predict the products' cost inside
+a decoder step: it found the one-thread kernel fastest for most shapes, and steps with those
+choices ran 1.2-3x slower than with the size rule (results/verify_cost/choice/README.md).
+
+* When (mode 'auto'): `pack_params` calls `ensure` for the decode projections' distinct `[K, N]` shapes (outside
   any trace). Each (shape, bucket) not yet in the cache is timed once (`measure`: a few
   milliseconds per shape and bucket, plus two compilations); the results go to a small JSON cache
   file, so a later process on the same CPU pays nothing.
@@ -19,10 +24,10 @@ kernel on the calling thread ('single'), XLA's `jnp.dot` on the raw kernel ('xla
   rebuilt extension or a forced path misses and is measured; an unreadable or corrupt file is
   measured again (logged), never an error.
 
-Switches: `SPECDEC_CPU_CHOICE` (`ENV_VAR`): 'auto' (default, measured), or one candidate forced for
-every product ('split', 'single', 'xla': XLA where the raw kernel is kept, and `pack_params` keeps
-it for every decode projection; 'threshold': the size rule, nothing measured; read when packing
-and when tracing). `SPECDEC_CPU_CHOICE_CACHE` (`CACHE_ENV_VAR`): the cache file (default
+Switches: `SPECDEC_CPU_CHOICE` (`ENV_VAR`): 'threshold' (default: the size rule, nothing
+measured, the behaviour of earlier builds), 'auto' (measured), or one candidate forced for every
+product ('split', 'single', 'xla': XLA where the raw kernel is kept, and `pack_params` keeps it for
+every decode projection); read when packing and when tracing. `SPECDEC_CPU_CHOICE_CACHE` (`CACHE_ENV_VAR`): the cache file (default
 `$XDG_CACHE_HOME/specdec_t5x/cpu_choice.json`, `~/.cache` without XDG_CACHE_HOME); '0' or 'off':
 no file (measured once per process).
 """
@@ -76,9 +81,13 @@ _entries: dict[str, dict[str, Any]] = {}  # key -> {'s': {candidate: seconds}, .
 _file_read: set[str] = set()  # cache files already merged into _entries
 
 
+DEFAULT_MODE = "threshold"  # see the module docstring for why not 'auto'
+
+
 def mode() -> str:
-    """`SPECDEC_CPU_CHOICE` ('auto' if unset). Raises ValueError naming the bad value otherwise."""
-    value = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    """`SPECDEC_CPU_CHOICE` (`DEFAULT_MODE` if unset or empty). Raises ValueError naming the bad
+    value otherwise."""
+    value = os.environ.get(ENV_VAR, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
     if value not in MODES:
         raise ValueError(f"{ENV_VAR}={value!r}: expected one of {list(MODES)}.")
     return value

@@ -116,9 +116,10 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
     and drop the raw tree (the packed one serves every use of the model, the teacher-forced
     forward included): one copy of each projection, except that a decode projection whose shape
     XLA's dot measured faster for some rows bucket keeps its raw `kernel` beside the panels, for
-    the steps `choice.choose` sends to XLA. Outside a trace it first times the decode projections'
-    shapes not yet in the choice cache (`choice.ensure`: about a second per distinct shape the
-    first time on a machine; nothing once cached; `SPECDEC_CPU_CHOICE` other than 'auto' skips it). It is idempotent; an already packed tree is returned as is, except
+    the steps `choice.choose` sends to XLA. With `SPECDEC_CPU_CHOICE=auto` (off by default) it first
+    times, outside a trace, the decode projections' shapes not yet in the choice cache
+    (`choice.ensure`: 1.7-4 s per distinct shape the first time on a loaded 2-core VM; nothing
+    once cached). It is idempotent; an already packed tree is returned as is, except
     that float32 decode panels are narrowed (rounded) to bfloat16 when weight_dtype='bfloat16'
     asks for it (bfloat16 panels are never widened back). The input tree is not modified
     (checkpoints and the T5X parameter layout are untouched).
