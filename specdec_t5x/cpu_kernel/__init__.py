@@ -31,9 +31,10 @@ The extension is compiled by `pip install` (setup.py, optional: without a compil
 installs). When it is missing, or `SPECDEC_CPU_KERNEL=0` is set, `pack_params` returns the
 parameters unchanged and every projection stays `jnp.dot` (logged once).
 
-* Kernel or XLA per shape (`choice`): for each decode projection shape, rows bucket, code path and
-  weight dtype, the fastest of the kernel split over threads, the kernel on one thread and XLA's
-  dot, measured once per machine when packing and cached in a file (see README.md there).
+* Kernel or XLA per shape (`choice`, opt-in: SPECDEC_CPU_CHOICE=auto): for each decode projection
+  shape, rows bucket, code path and weight dtype, the fastest of the kernel split over threads,
+  the kernel on one thread and XLA's dot, measured once per machine when packing and cached in a
+  file; by default the size rule above (README.md says why).
 
 Modules: `extension` (loading the build, FFI registration, switches), `ops` (pack, matmul,
 attention), `params` (parameter trees), `choice` (the measured choice). Their public names below are the package's surface:
