@@ -3,8 +3,10 @@
   python scripts/profile_isa.py --before /tmp/base/_matmul.so --rounds 15 \\
       --variants xla,kernel@avx2+fma,kernel_before@avx2+fma,kernel@avx512f
 
-A variant is `xla` (jnp.dot, SPECDEC_CPU_KERNEL=0) or `kernel[_bf16][_before]@<path>`: the CPU
-kernel on float32 (bfloat16) packed weights, run on code path <path> (`cpu_kernel.force_isa`:
+A variant is `xla` (jnp.dot, SPECDEC_CPU_KERNEL=0) or `kernel[_bf16][_before|_auto]@<path>`: the
+CPU kernel on float32 (bfloat16) packed weights (`_auto`: each product on the candidate
+`cpu_kernel.choice` measured fastest for that path, packed and traced with the path forced; the
+others keep the size rule, SPECDEC_CPU_CHOICE=threshold), run on code path <path> (`cpu_kernel.force_isa`:
 'avx2+fma', 'avx512f', 'portable'; read by the C++ at call time, so variants on different paths
 interleave in one process). `kernel_no_matmul@<path>`: every projection stubbed out, so the step
 costs what it costs besides its matmuls (`verify_cost._projections_stubbed`; steps only). `_before` runs another build of the extension (`--before`, e.g. one
@@ -49,7 +51,8 @@ import numpy as np
 
 from benchmarks import verify_cost
 from specdec_t5x import cpu_kernel, models, provenance
-from specdec_t5x.cpu_kernel import extension, ops
+from specdec_t5x.cpu_kernel import choice, extension, ops
+from specdec_t5x.cpu_kernel import params as cpu_params
 from specdec_t5x.timing import clock
 
 _ISA_CODES = {"portable": 0, "avx2+fma": 1, "avx512f": 2}
@@ -64,13 +67,14 @@ class Variant:
     before: bool = False  # the --before build
     isa: str | None = None
     no_matmul: bool = False  # every projection stubbed (`verify_cost._projections_stubbed`)
+    auto: bool = False  # the measured kernel / XLA choice (`cpu_kernel.choice`)
 
     @classmethod
     def parse(cls, name: str) -> Variant:
         if name == "xla":
             return cls(name, kernel=False)
         base, _, isa = name.partition("@")
-        known = [f"kernel{d}{b}" for d in ("", "_bf16") for b in ("", _BEFORE)]
+        known = [f"kernel{d}{b}" for d in ("", "_bf16") for b in ("", _BEFORE, "_auto")]
         if base not in [*known, "kernel_no_matmul"] or isa not in _ISA_CODES:
             raise ValueError(
                 f"variant {name!r}: expected 'xla' or kernel[_bf16][_before]@<path> or "
@@ -84,6 +88,7 @@ class Variant:
             before=base.endswith(_BEFORE),
             isa=isa,
             no_matmul=base == "kernel_no_matmul",
+            auto=base.endswith("_auto"),
         )
 
 
@@ -118,14 +123,19 @@ def _traced_as(v: Variant):
     if v.before:
         extension.MATMUL_TARGET = matmul_target + _BEFORE
         ops._ffi_attention = _ffi_attention_before
+    if v.kernel:  # the choice is keyed by the path when traced
+        cpu_kernel.force_isa(v.isa)
     try:
         with (
+            cpu_kernel.env_var(choice.ENV_VAR, "auto" if v.auto else "threshold"),
             cpu_kernel.env_setting(v.kernel),
             verify_cost._projections_stubbed() if v.no_matmul else contextlib.nullcontext(),
         ):
             yield
     finally:
         extension.MATMUL_TARGET, ops._ffi_attention = matmul_target, ffi_attention
+        if v.kernel:
+            cpu_kernel.force_isa(None)
 
 
 def _on_path(v: Variant, libs: Sequence[ctypes.CDLL], thunk):
@@ -171,7 +181,7 @@ def dots(shapes, variants, libs, ms, rounds: int, stream_mib: int) -> dict[str, 
         }
         calls = {}
         for v in variants:
-            if v.no_matmul:  # nothing to time alone
+            if v.no_matmul or v.auto:  # nothing to time alone / products are not chosen here
                 continue
             weights = packed[v.weight_dtype] if v.kernel else ws
             matmul = (lambda x, w, o=o: cpu_kernel.matmul(x, w, o)) if v.kernel else jnp.dot
@@ -212,7 +222,7 @@ def attention(name: str, variants, libs, ks, s: verify_cost.Settings, rounds: in
     reps = 64
     calls = {}
     for v in variants:
-        if v.no_matmul or v.weight_dtype != "float32":
+        if v.no_matmul or v.auto or v.weight_dtype != "float32":
             continue
         fn_attn = cpu_kernel.attention if v.kernel else cpu_kernel.attention_reference
 
@@ -243,14 +253,19 @@ def attention(name: str, variants, libs, ks, s: verify_cost.Settings, rounds: in
 def steps(name: str, variants, libs, ks, s: verify_cost.Settings) -> dict[str, Any]:
     """{variant: {k: {'ms', 'ms_q25_q75', 'ratio', 'ratio_q25', 'ratio_q75', 'vs_xla_1'}}}."""
     module, params, enc, cache = verify_cost.build(name, s)
-    packed = {
-        d: models.pack_params(module, params, d)
-        for d in {v.weight_dtype for v in variants if v.kernel}
-    }
+    packed, chosen = {}, {}
+    for v in variants:  # one packed tree per dtype, and per path for the measured choice
+        key = (v.weight_dtype, v.auto and v.isa)
+        if not v.kernel or key in packed:
+            continue
+        with _traced_as(v):
+            if v.auto:
+                chosen[f"{v.isa} {v.weight_dtype}"] = _choice(params, v.weight_dtype)
+            packed[key] = models.pack_params(module, params, v.weight_dtype)
     pos = jnp.full((1,), s.position, jnp.int32)
     calls = {}
     for v in variants:
-        p = packed[v.weight_dtype] if v.kernel else params
+        p = packed[(v.weight_dtype, v.auto and v.isa)] if v.kernel else params
         fn = verify_cost.make_fn(module, "loop", s.loop_steps)
         for k in ks:
             toks = jnp.full((1, k), 3, jnp.int32)
@@ -272,7 +287,31 @@ def steps(name: str, variants, libs, ks, s: verify_cost.Settings) -> dict[str, A
         }
         if ("xla", ks[0]) in times:
             row["vs_xla_1"] = float(np.median(t / times[("xla", ks[0])]))
+        if ("xla", k) in times:
+            row["vs_xla_k"] = float(np.median(t / times[("xla", k)]))
+    if chosen:
+        out["choice"] = chosen
     return out
+
+
+def _choice(params, dtype: str) -> dict[str, Any]:
+    """`choice.ensure` for a model's decode projections on the current path (timed now unless
+    cached): its cost and the choice per shape and rows bucket."""
+    shapes = {
+        cpu_params._choice_shape(cpu_params._node(params, p))
+        for p in cpu_params._projection_paths(params)
+    }
+    cost = choice.ensure(shapes, dtype)
+    table = {}
+    for k, n in sorted(shapes):
+        for b in choice.BUCKETS:
+            e = choice.entry(extension.isa(), dtype, k, n, b)
+            if e is not None:
+                table.setdefault(f"{k}x{n}", {})[str(b)] = {
+                    "choice": choice.choose(k, n, b, dtype, True),
+                    "us": {c: round(t * 1e6, 2) for c, t in e["s"].items()},
+                }
+    return {"cost": cost, "table": table}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -287,13 +326,32 @@ def markdown(result: dict[str, Any]) -> str:
             "|---|" + "---|" * len(ks),
         ]
         for v, per_k in res.items():
+            if v == "choice":
+                continue
             cells = []
             for k in ks:
                 r = per_k[str(k)]
                 extra = f", {r['vs_xla_1']:.2f}x xla" if "vs_xla_1" in r else ""
+                extra += f", {r['vs_xla_k']:.2f}x xla(k)" if "vs_xla_k" in r else ""
                 cells.append(f"{r['ms']:.2f} ms ({r['ratio']:.2f}x{extra})")
             lines.append(f"| {v} | " + " | ".join(cells) + " |")
         lines.append("")
+        for where, c in res.get("choice", {}).items():
+            cost = c["cost"]
+            lines += [
+                f"Choice on {where}: timed {cost['measured']} (shape, rows) in "
+                f"{cost['seconds']:.1f} s ({cost['cached']} cached); per shape, rows: choice "
+                "(µs per product split / single / xla)",
+                "",
+            ]
+            for shape, per_b in c["table"].items():
+                cells = [
+                    f"{b}: {r['choice']} ({r['us'].get('split', 0):.1f} / "
+                    f"{r['us'].get('single', 0):.1f} / {r['us'].get('xla', 0):.1f})"
+                    for b, r in per_b.items()
+                ]
+                lines.append(f"- {shape}: " + "; ".join(cells))
+            lines.append("")
     for name, res in result.get("attention", {}).items():
         lines += [
             f"## {name}: one layer's cached attention alone, k query rows over the cache "

@@ -93,7 +93,7 @@ def _projections_stubbed():
     """
     real = cpu_kernel.dense
 
-    def stub(x, packed, features, dtype):
+    def stub(x, packed, features, dtype, kernel=None):
         col = x[..., :1].astype(jnp.float32) * packed[0, 0, 0].astype(jnp.float32)
         return jnp.broadcast_to(col, (*x.shape[:-1], features)).astype(dtype)
 

@@ -261,7 +261,13 @@ class Dense(nn.Module):
             return self._shortlist(x)
         if self.has_variable("params", cpu_kernel.PACKED_NAME):
             packed = self.get_variable("params", cpu_kernel.PACKED_NAME)
-            return cpu_kernel.dense(x, packed, self.features, self.dtype)
+            # The raw kernel, where pack_params kept it for steps that run XLA's dot (choice).
+            raw = (
+                self.get_variable("params", "kernel")
+                if self.has_variable("params", "kernel")
+                else None
+            )
+            return cpu_kernel.dense(x, packed, self.features, self.dtype, kernel=raw)
         kernel = nn_partitioning.param_with_axes(
             "kernel",
             self.kernel_init,
@@ -280,9 +286,17 @@ class Dense(nn.Module):
                 f"{cpu_kernel.SHORTLIST_INDEX_NAME} must be int32 [{self.features}]; got "
                 f"{index.shape}."
             )
+        packed = None
         if self.has_variable("params", cpu_kernel.PACKED_NAME):
             packed = self.get_variable("params", cpu_kernel.PACKED_NAME)
-            y = cpu_kernel.dense(x, packed, packed.shape[0] * cpu_kernel.PANEL, jnp.float32)
+            n = packed.shape[0] * cpu_kernel.PANEL
+            raw = self.has_variable("params", cpu_kernel.SHORTLIST_KERNEL_NAME)
+            rows = int(np.prod(x.shape[:-1]))
+            dtype = jnp.dtype(packed.dtype).name
+            if raw and cpu_kernel.choose(packed.shape[-2], n, rows, dtype, True) == "xla":
+                packed = None  # XLA measured faster: the raw kernel's dot, as unpacked
+        if packed is not None:
+            y = cpu_kernel.dense(x, packed, n, jnp.float32)
         else:
             kernel = self.get_variable("params", cpu_kernel.SHORTLIST_KERNEL_NAME)
             y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype)).astype(jnp.float32)

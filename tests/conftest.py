@@ -18,6 +18,11 @@ from specdec_t5x.data import corpora
 os.environ.setdefault("SPECDEC_COMPILATION_CACHE", "0")
 # ... and auto γ's cost-curve cache (`cost_cache`): tests that use it pass a temporary one.
 os.environ.setdefault("SPECDEC_COST_CURVE_CACHE", "0")
+# With SPECDEC_CPU_CHOICE=auto packing times the kernel against XLA per shape (`cpu_kernel.choice`)
+# and caches it in ~/.cache; tests keep the size rule (deterministic, no timing) unless they set
+# the choice themselves, whatever the environment says.
+os.environ["SPECDEC_CPU_CHOICE"] = "threshold"
+os.environ.setdefault("SPECDEC_CPU_CHOICE_CACHE", "0")
 
 TINY = dict(
     emb_dim=8,

@@ -31,19 +31,31 @@ The extension is compiled by `pip install` (setup.py, optional: without a compil
 installs). When it is missing, or `SPECDEC_CPU_KERNEL=0` is set, `pack_params` returns the
 parameters unchanged and every projection stays `jnp.dot` (logged once).
 
+* Kernel or XLA per shape (`choice`, opt-in: SPECDEC_CPU_CHOICE=auto): for each decode projection
+  shape, rows bucket, code path and weight dtype, the fastest of the kernel split over threads,
+  the kernel on one thread and XLA's dot, measured once per machine when packing and cached in a
+  file; by default the size rule above (README.md says why).
+
 Modules: `extension` (loading the build, FFI registration, switches), `ops` (pack, matmul,
-attention), `params` (parameter trees). Their public names below are the package's surface:
+attention), `params` (parameter trees), `choice` (the measured choice). Their public names below are the package's surface:
 `cpu_kernel.<name>`.
 """
 
+from specdec_t5x.cpu_kernel.choice import CACHE_ENV_VAR as CHOICE_CACHE_ENV_VAR
+from specdec_t5x.cpu_kernel.choice import ENV_VAR as CHOICE_ENV_VAR
+from specdec_t5x.cpu_kernel.choice import choose
 from specdec_t5x.cpu_kernel.extension import (
     ATTENTION_ENV_VAR,
     ATTENTION_TARGET,
     ENV_VAR,
     ISA_ENV_VAR,
     MATMUL_TARGET,
+    MATMUL_THREADS_TARGET,
     PACK_TARGET,
     SETUP_ENV_VAR,
+    THREADS_AUTO,
+    THREADS_ONE,
+    THREADS_SPLIT,
     attention_enabled,
     available,
     disabled_reason,
@@ -81,6 +93,13 @@ from specdec_t5x.cpu_kernel.params import (
 
 __all__ = [
     "ATTENTION_ENV_VAR",
+    "CHOICE_CACHE_ENV_VAR",
+    "CHOICE_ENV_VAR",
+    "MATMUL_THREADS_TARGET",
+    "THREADS_AUTO",
+    "THREADS_ONE",
+    "THREADS_SPLIT",
+    "choose",
     "ATTENTION_TARGET",
     "ENV_VAR",
     "MATMUL_TARGET",

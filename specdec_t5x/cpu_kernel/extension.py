@@ -27,9 +27,14 @@ SETUP_ENV_VAR = "SPECDEC_CPU_KERNEL_SETUP"
 # loads): runs the AVX2 path on an AVX-512 machine for A/B timing; unset: the detected path.
 ISA_ENV_VAR = "SPECDEC_CPU_ISA"
 MATMUL_TARGET = "specdec_matmul"  # FFI target names, as the custom calls appear in HLO
+# The matmul with its thread use fixed by a static `threads` attribute (THREADS_*; `choice`).
+MATMUL_THREADS_TARGET = "specdec_matmul_threads"
 PACK_TARGET = "specdec_pack"
 ATTENTION_TARGET = "specdec_attention"
 _ISAS = {"portable": 0, "avx2+fma": 1, "avx512f": 2}
+# `threads` of MATMUL_THREADS_TARGET: the size rule (`set_split_bytes`; MATMUL_TARGET's behaviour),
+# the calling thread only, or split over XLA's intra-op pool whatever the size. Same floats.
+THREADS_AUTO, THREADS_ONE, THREADS_SPLIT = 0, 1, 2
 _log = logging.getLogger(__package__)
 
 
@@ -63,7 +68,7 @@ def library() -> ctypes.CDLL | None:
         path = here / f"_matmul{suffix}"
         if path.is_file():
             lib = ctypes.CDLL(str(path))
-            if not hasattr(lib, "SpecdecAttention"):  # built from an older source tree
+            if not hasattr(lib, "SpecdecMatmulThreads"):  # built from an older source tree
                 log_fallback_once(f"{path.name} is stale: rebuild it with `pip install -e .`")
                 return None
             lib.SpecdecMatmulIsa.restype = ctypes.c_char_p
@@ -73,6 +78,7 @@ def library() -> ctypes.CDLL | None:
             lib.SpecdecMatmulPoolThreads.restype = ctypes.c_int64
             for target, symbol in (
                 (MATMUL_TARGET, lib.SpecdecMatmul),
+                (MATMUL_THREADS_TARGET, lib.SpecdecMatmulThreads),
                 (PACK_TARGET, lib.SpecdecPack),
                 (ATTENTION_TARGET, lib.SpecdecAttention),
             ):

@@ -413,17 +413,25 @@ void take_blocks(Split& split, const Body& body) {
   }
 }
 
-// rows x K times packed [P, K, 32] -> y [rows, n], split over `pool` when W is large.
+// How a product uses threads: kAuto splits when W has at least `g_split_bytes` packed bytes, kOne
+// keeps it on the calling thread, kSplit splits whatever its size (the `threads` attribute of
+// `specdec_matmul_threads`, chosen per shape by measurement in cpu_kernel/choice.py). Every mode
+// gives the same floats: each output column is summed by the same code in the same order.
+enum ThreadMode : int32_t { kAuto = 0, kOne = 1, kSplit = 2 };
+
+// rows x K times packed [P, K, 32] -> y [rows, n], split over `pool` as `mode` says.
 template <typename W>
 void matmul(const float* x, int64_t rows, int64_t K, const W* w, int64_t P, float* y, int64_t n,
-            ffi::ThreadPool* pool) {
+            ffi::ThreadPool* pool, int32_t mode) {
   const int64_t bytes = P * K * kPanel * static_cast<int64_t>(sizeof(W));
   const int64_t threads = pool == nullptr ? 1 : pool->num_threads();
   g_pool_threads.store(threads, std::memory_order_relaxed);
   int64_t helpers = threads - 1;
   const int max_helpers = g_max_helpers.load(std::memory_order_relaxed);
   if (helpers > max_helpers) helpers = max_helpers;
-  if (helpers < 1 || P < 2 || bytes < g_split_bytes.load(std::memory_order_relaxed)) {
+  const bool small =
+      mode == kAuto ? bytes < g_split_bytes.load(std::memory_order_relaxed) : mode != kSplit;
+  if (helpers < 1 || P < 2 || small) {
     matmul_panels(x, rows, K, w, 0, P, y, n);
     return;
   }
@@ -455,8 +463,11 @@ std::string dims_str(ffi::AnyBuffer::Dimensions d) {
 
 // x: [lead..., rows, K] float32; w: [lead..., P, K, 32]; y: [lead..., rows, n]. Leading (vmap)
 // axes of x and w are either 1 or the output's size (vmap_method="expand_dims").
-ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                      ffi::Result<ffi::AnyBuffer> y, int32_t n) {
+ffi::Error MatmulModeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                          ffi::Result<ffi::AnyBuffer> y, int32_t n, int32_t mode) {
+  if (mode != kAuto && mode != kOne && mode != kSplit)
+    return ffi::Error::InvalidArgument("specdec_matmul_threads: threads must be 0, 1 or 2; got " +
+                                       std::to_string(mode));
   const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
   if (x.element_type() != ffi::DataType::F32 || y->element_type() != ffi::DataType::F32)
     return ffi::Error::InvalidArgument("specdec_matmul: x and y must be float32.");
@@ -487,9 +498,9 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
   const int64_t x_size = rows * K, w_size = P * K * kPanel, y_size = rows * n;
   auto run = [&](const float* xb, int64_t nrows, const void* wb, float* yb) {
     if (bf16)
-      matmul(xb, nrows, K, static_cast<const uint16_t*>(wb), P, yb, n, &pool);
+      matmul(xb, nrows, K, static_cast<const uint16_t*>(wb), P, yb, n, &pool, mode);
     else
-      matmul(xb, nrows, K, static_cast<const float*>(wb), P, yb, n, &pool);
+      matmul(xb, nrows, K, static_cast<const float*>(wb), P, yb, n, &pool, mode);
   };
   const size_t wbytes = bf16 ? 2 : 4;
   bool x_full = true;
@@ -513,6 +524,11 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
         static_cast<const char*>(w.untyped_data()) + wo * w_size * wbytes, yp + b * y_size);
   }
   return ffi::Error::Success();
+}
+
+ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                      ffi::Result<ffi::AnyBuffer> y, int32_t n) {
+  return MatmulModeImpl(pool, x, w, y, n, kAuto);
 }
 
 // float32 -> bfloat16, round to nearest even (as XLA's convert), NaN stays NaN.
@@ -620,6 +636,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecMatmul, MatmulImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int32_t>("n"));
+
+// The same product with its thread use fixed by the `threads` attribute: 0 the size rule, 1 the
+// calling thread only, 2 split over XLA's intra-op pool (same floats whatever the value).
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecMatmulThreads, MatmulModeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("n")
+                                  .Attr<int32_t>("threads"));
 
 // Which code path this CPU runs: "avx512f", "avx2+fma" or "portable".
 extern "C" const char* SpecdecMatmulIsa() {

@@ -81,48 +81,56 @@ def unpack(packed: Array, n: int) -> Array:
     return packed.transpose(1, 0, 2).reshape(k, panels * PANEL)[:, :n].astype(jnp.float32)
 
 
-def _ffi_matmul(x2: Array, packed: Array, n: int) -> Array:
-    call = jax.ffi.ffi_call(
-        extension.MATMUL_TARGET,
-        jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
-        vmap_method="expand_dims",  # the handler folds/loops leading (vmapped) axes itself
-    )
-    return call(x2, packed, n=np.int32(n))
+def _ffi_matmul(x2: Array, packed: Array, n: int, threads: int) -> Array:
+    out = jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32)
+    if threads == extension.THREADS_AUTO:  # the size rule: the plain target (as earlier builds)
+        call = jax.ffi.ffi_call(extension.MATMUL_TARGET, out, vmap_method="expand_dims")
+        return call(x2, packed, n=np.int32(n))
+    # vmap_method: the handler folds/loops leading (vmapped) axes itself.
+    call = jax.ffi.ffi_call(extension.MATMUL_THREADS_TARGET, out, vmap_method="expand_dims")
+    return call(x2, packed, n=np.int32(n), threads=np.int32(threads))
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def _matmul2d(x2: Array, packed: Array, n: int) -> Array:
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def _matmul2d(x2: Array, packed: Array, n: int, threads: int) -> Array:
     return jax.lax.platform_dependent(
         x2,
         packed,
-        cpu=lambda a, w: _ffi_matmul(a, w, n),
+        cpu=lambda a, w: _ffi_matmul(a, w, n, threads),
         default=lambda a, w: jnp.dot(a, unpack(w, n)),
     )
 
 
 @_matmul2d.defjvp
-def _matmul2d_jvp(n, primals, tangents):
+def _matmul2d_jvp(n, threads, primals, tangents):
     raise NotImplementedError(
         "cpu_kernel.matmul is inference-only and has no derivative: differentiate a model with "
         f"its raw (unpacked) parameters, or set {extension.ENV_VAR}=0."
     )
 
 
-def matmul(x: Array, packed: Array, n: int) -> Array:
+def matmul(x: Array, packed: Array, n: int, threads: int = extension.THREADS_AUTO) -> Array:
     """`x @ W` for a packed W (see `pack`), through the FFI kernel on CPU.
 
     Args:
       x: float32 [..., K] activations (any leading shape; all rows share one pass over W).
       packed: float32 or bfloat16 [ceil(n / 32), K, 32] from `pack`.
       n: columns N of the original matrix.
+      threads: static; `extension.THREADS_AUTO` (0, default: split over XLA's intra-op threads
+        from `set_split_bytes` of packed weights on), `THREADS_ONE` (1: the calling thread only)
+        or `THREADS_SPLIT` (2: split whatever the size). The result is bit-identical for all
+        three (each output column is summed by the same code in the same order).
 
     Returns:
       float32 [..., n].
 
     Raises:
-      ValueError: x not float32, shapes that do not match, or a zero-size operand.
+      ValueError: x not float32, shapes that do not match, a zero-size operand, or another
+        `threads` value.
       NotImplementedError: when differentiated.
     """
+    if threads not in (extension.THREADS_AUTO, extension.THREADS_ONE, extension.THREADS_SPLIT):
+        raise ValueError(f"matmul: threads must be 0, 1 or 2; got {threads!r}.")
     if x.dtype != jnp.float32:
         raise ValueError(f"matmul needs float32 activations; got {x.dtype}.")
     if (
@@ -151,7 +159,7 @@ def matmul(x: Array, packed: Array, n: int) -> Array:
             f"{packed.shape[0] * PANEL})."
         )
     lead = x.shape[:-1]
-    return _matmul2d(x.reshape(-1, k), packed, int(n)).reshape(*lead, n)
+    return _matmul2d(x.reshape(-1, k), packed, int(n), int(threads)).reshape(*lead, n)
 
 
 def attention_reference(q: Array, k: Array, v: Array, bias: Array) -> Array:
@@ -233,7 +241,32 @@ def attention(q: Array, k: Array, v: Array, bias: Array) -> Array:
     return _attention(q, k, v, bias)
 
 
-def dense(x: Array, packed: Array, features: int, dtype: Any) -> Array:
+def dense(x: Array, packed: Array, features: int, dtype: Any, kernel: Array | None = None) -> Array:
     """A bias-free Dense layer on a packed kernel (used by `network.Dense` when its parameter is
-    `kernel_packed`): `x dtype [..., K]` -> `dtype [..., features]`, computed in float32."""
-    return matmul(x.astype(jnp.float32), packed, features).astype(dtype)
+    `kernel_packed`), on the product `choice.choose` picks for its shape and rows at trace time.
+
+    Args:
+      x: [..., K] activations (any float dtype).
+      packed: float32 / bfloat16 [ceil(features / 32), K, 32] from `pack`.
+      features: N, the layer's output width.
+      dtype: the layer's activation dtype.
+      kernel: the raw float [K, features] kernel when the tree kept it (`pack_params` does where
+        XLA's dot measured faster for some rows bucket), else None (XLA is then not a candidate).
+
+    Returns:
+      dtype [..., features]: with the choice 'xla', `jnp.dot(x.astype(dtype),
+      kernel.astype(dtype))`, the very op `network.Dense` runs with the kernel off; otherwise the
+      kernel's product in float32 (`matmul`, same floats whatever the thread choice), cast.
+
+    Raises:
+      ValueError: as `matmul`.
+    """
+    from specdec_t5x.cpu_kernel import choice  # choice imports ops
+
+    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+    how = choice.choose(
+        packed.shape[-2], features, rows, jnp.dtype(packed.dtype).name, kernel is not None
+    )
+    if how == "xla":
+        return jnp.dot(x.astype(dtype), kernel.astype(dtype))
+    return matmul(x.astype(jnp.float32), packed, features, choice.THREADS[how]).astype(dtype)

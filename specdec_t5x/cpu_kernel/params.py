@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x.cpu_kernel import extension, ops
+from specdec_t5x.cpu_kernel import choice, extension, ops
 
 PACKED_NAME = "kernel_packed"  # parameter name of a packed Dense kernel
 # A draft's output-vocabulary shortlist (`drafts.shortlist_params`): the logits layer holds only
@@ -112,9 +112,14 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
     `SPECDEC_CPU_KERNEL_SETUP=0` leaves them on `jnp.dot`, for A/B runs; so does packing traced
     parameters inside a jitted call, where they would be packed on every call and used once).
     Everything else (embeddings, norms, relative position biases) is the same array object, so
-    the packed tree does not copy it. Call it once per parameter set, outside every decode loop, and drop the raw
-    tree (the packed one serves every use of the model, the teacher-forced forward included): one
-    copy of each projection. It is idempotent; an already packed tree is returned as is, except
+    the packed tree does not copy it. Call it once per parameter set, outside every decode loop,
+    and drop the raw tree (the packed one serves every use of the model, the teacher-forced
+    forward included): one copy of each projection, except that a decode projection whose shape
+    XLA's dot measured faster for some rows bucket keeps its raw `kernel` beside the panels, for
+    the steps `choice.choose` sends to XLA. With `SPECDEC_CPU_CHOICE=auto` (off by default) it first
+    times, outside a trace, the decode projections' shapes not yet in the choice cache
+    (`choice.ensure`: 1.7-4 s per distinct shape the first time on a loaded 2-core VM; nothing
+    once cached). It is idempotent; an already packed tree is returned as is, except
     that float32 decode panels are narrowed (rounded) to bfloat16 when weight_dtype='bfloat16'
     asks for it (bfloat16 panels are never widened back). The input tree is not modified
     (checkpoints and the T5X parameter layout are untouched).
@@ -157,10 +162,16 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
         extension.log_fallback_once(reason)
         return params
 
-    def packer(dtype_name: str):
+    decode = _projection_paths(params)
+    shapes = {path: _choice_shape(_node(params, path)) for path in decode}
+    if not _traced(params, decode):  # inside a trace: cached measurements only
+        choice.ensure(set(shapes.values()), weight_dtype)
+
+    def packer(dtype_name: str, keep_raw=lambda path: False):
         def pack_dense(path, dense: dict) -> dict:
             dense = dict(dense)
-            kernel = dense.pop(SHORTLIST_KERNEL_NAME if SHORTLIST_INDEX_NAME in dense else "kernel")
+            name = SHORTLIST_KERNEL_NAME if SHORTLIST_INDEX_NAME in dense else "kernel"
+            kernel = dense[name] if keep_raw(path) else dense.pop(name)
             if kernel.ndim == 3:  # scanned layers: [layers, K, N] -> [layers, P, K, 32]
                 dense[PACKED_NAME] = jax.vmap(lambda w: ops.pack(w, dtype_name))(kernel)
             else:
@@ -169,17 +180,32 @@ def pack_params(params, weight_dtype: str = "float32", *, activation_dtype: Any 
 
         return pack_dense
 
-    out = _map_projections(params, packer(weight_dtype))
+    keep = lambda path: choice.keep_raw(*shapes[path], weight_dtype)  # noqa: E731
+    out = _map_projections(params, packer(weight_dtype, keep))
     if extension.setup_enabled() and not _traced(params, _setup_paths(params)):
         out = _map_projections(out, packer("float32"), _setup_paths(out))
     return out
+
+
+def _choice_shape(dense: dict) -> tuple[int, int]:
+    """(K, N) of a raw decode Dense as `ops.dense` will be given it (a shortlist: its packed,
+    zero-padded width)."""
+    if SHORTLIST_INDEX_NAME in dense:
+        k, s = dense[SHORTLIST_KERNEL_NAME].shape[-2:]
+        return int(k), -(-int(s) // ops.PANEL) * ops.PANEL
+    k, n = dense["kernel"].shape[-2:]
+    return int(k), int(n)
 
 
 def _traced(params, paths) -> bool:
     """Whether any kernel at `paths` is a tracer: packing inside a traced call (a jitted
     `predict_batch_with_aux` over raw parameters) happens on every call, and a set-up projection
     is used once per call, so packing it there would cost about what it saves."""
-    return any(isinstance(_node(params, p).get("kernel"), jax.core.Tracer) for p in paths)
+    return any(
+        isinstance(_node(params, p).get(name), jax.core.Tracer)
+        for p in paths
+        for name in ("kernel", SHORTLIST_KERNEL_NAME)
+    )
 
 
 def _map_projections(params, fn, paths=None):
