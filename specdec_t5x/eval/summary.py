@@ -363,7 +363,16 @@ GROUPS = {
         "weight_flips",
         "compilations_during_timing",
     ),
-    "provenance": ("command", "commit", "hardware", "cpu", "date", "switches", "resumed"),
+    "provenance": (
+        "command",
+        "commit",
+        "hardware",
+        "cpu",
+        "date",
+        "switches",
+        "resumed",
+        "phases_s",
+    ),
 }
 NESTED = ("quality", "gamma_sweep", "tree_sweep", "auto", "diagnostics")  # kept as they are
 _GROUP_OF = {key: group for group, keys in GROUPS.items() for key in keys}
