@@ -60,7 +60,7 @@ def test_decode_progress_names_examples_elapsed_and_eta(caplog):
     caplog.set_level(logging.INFO, logger=job.logger.name)
     job._log_progress(2, 8, 4, 16, 10.0)
     assert caplog.records[-1].getMessage() == (
-        "decoded 2/8 batches (4/16 examples, 25%), 10 s elapsed, ETA 30 s"
+        "decoded 2/8 batches (25%): 4/16 examples, 10 s elapsed, ETA 30 s"
     )
 
 
@@ -76,5 +76,5 @@ def test_a_tiny_jobs_metrics_name_every_phases_wall_time(data_dir, tmp_path, cap
     assert all(isinstance(s, float) and s >= 0 for s in phases.values())
     assert phases["compile"] > 0 and phases["decode"] > 0
     progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("decoded ")]
-    assert progress[-1].startswith("decoded 2/2 batches (2/2 examples, 100%)")
+    assert progress[-1].startswith("decoded 2/2 batches (100%): 2/2 examples")
     assert "ETA 0 s" in progress[-1]

@@ -470,8 +470,8 @@ def _log_progress(done, total, examples_done, examples_total, elapsed) -> None:
     """One decode progress line: batches and examples done, elapsed seconds and the ETA."""
     eta = elapsed / done * (total - done)
     logger.info(
-        "decoded %d/%d batches (%d/%d examples, %d%%), %.0f s elapsed, ETA %.0f s",
-        done, total, examples_done, examples_total, 100 * done // total, elapsed, eta,
+        "decoded %d/%d batches (%d%%): %d/%d examples, %.0f s elapsed, ETA %.0f s",
+        done, total, 100 * done // total, examples_done, examples_total, elapsed, eta,
     )  # fmt: skip
 
 
