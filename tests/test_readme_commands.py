@@ -6,8 +6,9 @@ its size knobs overridden (NUM_EXAMPLES, INPUT_LEN, TARGET_LEN, BATCH_SIZE, COST
 folders under a temporary folder; SPECDEC_DATA_DIR at the tests' tiny corpus; one compilation
 cache shared by every command, so later commands load the programs earlier ones compiled), or
 run to its first missing resource (checkpoints, the Debian mirror), where it must stop with its
-documented one-line `error: …` message and no traceback. `EXCLUDED` names the commands not run,
-each with its reason. A command the README gains and this file does not cover fails
+documented one-line `error: …` message and no traceback. The accelerator benchmark's `--smoke`
+run is `tests/test_accelerator.py`'s (checked to be the README's command, not run twice).
+`EXCLUDED` names the commands not run, each with its reason. A command the README gains and this file does not cover fails
 `test_every_readme_command_is_covered`.
 """
 
@@ -90,7 +91,7 @@ COVERED = {  # run by the tests below (README order)
     _norm(RESUME): "test_eval_quick_resume_and_decode_as_the_readme_shows",
     _norm(DECODE): "test_eval_quick_resume_and_decode_as_the_readme_shows",
     "PAPER": "test_paper_row_stops_at_the_missing_checkpoint_in_one_line",
-    _norm(ACCELERATOR): "test_accelerator_benchmark_as_written_with_its_smoke_size",
+    _norm(ACCELERATOR): "test_accelerator_benchmark_as_written_runs_in_its_own_test",
 }
 
 
@@ -269,11 +270,13 @@ def test_repeat_rows_as_written(shared, data_dir):
     assert "| ddtp_ende |" in (out / "table.md").read_text()
 
 
-def test_accelerator_benchmark_as_written_with_its_smoke_size(shared, data_dir, tmp_path):
-    """The accelerator benchmark's size knob is `--smoke` (tiny shapes on the CPU; the full
-    run needs an accelerator); its output folder goes under the test's."""
-    argv = _argv(ACCELERATOR, shared, [])
-    argv[argv.index("--out_dir") + 1] = str(tmp_path / "accelerator")
-    ran = _run([*argv, "--smoke"], _env(shared, data_dir))
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    assert any((tmp_path / "accelerator").glob("*.json"))
+def test_accelerator_benchmark_as_written_runs_in_its_own_test():
+    """The accelerator benchmark's size knob is `--smoke` (tiny shapes on the CPU; the full run
+    needs an accelerator). `tests/test_accelerator.py` runs exactly that (`benchmarks.accelerator`'s
+    `main` with `--out_dir` under its tmp folder and `--smoke`, in a subprocess, ~3 min at load 9):
+    not run twice, checked to be the README's command."""
+    argv = shlex.split(ACCELERATOR)
+    assert argv[:3] == ["python", "-m", "benchmarks.accelerator"] and argv[3] == "--out_dir"
+    other = (ROOT / "tests" / "test_accelerator.py").read_text()
+    assert "def test_smoke_runs_without_gin_seqio_tf_and_writes_results(" in other
+    assert "accelerator.main(['--out_dir', {str(tmp_path)!r}, '--smoke'])" in other
