@@ -5,9 +5,11 @@ alone) and with `speculative.speculative_sample` (target + draft), same target w
 inputs, same sampling settings, and reports what the paper reports (Tables 2-4): γ, α (counted
 and Corollary-3.6 β estimate), the cost coefficient c measured in the same run, tokens per
 iteration, measured walltime speedup and the Theorem 3.8 prediction. It runs in labelled phases
-(inputs, parameters, compile, decode, costs, report), each logged with its time, over a list of
-rows (`eval.rows.Row`, built by the row factory `eval.lineup.build`): the baseline(s), one chain
-per fixed γ, one row per token tree and auto γ's row (`specdec_t5x.auto.row`).
+(inputs, parameters, compile, decode, costs, report), each logged with its time (a heartbeat line
+every `HEARTBEAT_S` while it runs; the decode loop's progress with its ETA; the seconds in
+`metrics.json`, `provenance.phases_s`), over a list of rows (`eval.rows.Row`, built by the row
+factory `eval.lineup.build`): the baseline(s), one chain per fixed γ, one row per token tree and
+auto γ's row (`specdec_t5x.auto.row`).
 
 The costs phase prices c and verify/step with the step timer alone (one cheap probe: a few small
 compiles of single decoder steps); the run's own extra calls (`cost_probe.RunCostCalls`, 4 more decode
