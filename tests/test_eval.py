@@ -201,7 +201,7 @@ def test_eval_auto_gamma_row_beside_the_fixed_row(tiny_pair, data_dir, tmp_path)
     low, high = auto["speedup_interval"]
     assert low <= auto["speedup"] <= high and len(auto["auto_over_best_fixed_interval"]) == 2
     assert metrics["compilations_during_timing"] == 0  # each γ compiled before its timed call
-    rows = (out / "table_row.md").read_text().splitlines()
+    rows = (out / "table_row.md").read_text().split("\n\n")[0].splitlines()  # legend after
     assert len(rows) == 4 and "| auto (" in rows[3] and f"X ({low:.2f}–{high:.2f}) |" in rows[3]
     # An auto headline that never ran speculatively says "off" instead of an α.
     assert "| auto (off×1, baseline timing×1) | off |" in rows[3]  # this run's

@@ -31,6 +31,8 @@ import logging
 import os
 import pathlib
 import re
+import sys
+import traceback
 from collections.abc import Iterable, Mapping, Sequence
 
 from specdec_t5x import provenance
@@ -226,9 +228,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data_dir", default=None, help="default: $SPECDEC_DATA_DIR or ~/.cache/…")
     parser.add_argument("--force", action="store_true", help="rebuild even if already built")
+    parser.add_argument("--verbose", action="store_true", help="on an error, the traceback too")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    build_corpora(args.data_dir, force=args.force)
+    try:
+        build_corpora(args.data_dir, force=args.force)
+    except (RuntimeError, ValueError, OSError) as err:  # a missing resource: one line
+        if args.verbose:
+            traceback.print_exc()
+        print(error_line(err), file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def error_line(err: BaseException) -> str:
+    """`error: <first line of the message>`, with apt's own `E:` line (which names the mirror
+    and what it lacks) appended when the message carries apt-get's output; `--verbose` for
+    the traceback."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if not lines:
+        return f"error: {type(err).__name__} (--verbose prints the traceback)"
+    apt_errors = [line for line in lines[1:] if line.startswith("E:")]
+    return "error: " + " ".join([lines[0], *apt_errors[-1:]]) + " (--verbose: the traceback)"
 
 
 if __name__ == "__main__":

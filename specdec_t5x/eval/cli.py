@@ -45,7 +45,8 @@ The main job: baseline vs speculative decoding of a seqio task split, timed side
 flags:
   --gin_file=FILE     a gin file (repeatable), e.g. gin/experiments/embedded_ende_model_t0.gin
   --gin.KEY=VALUE     a gin binding, e.g. --gin.NUM_EXAMPLES=20 --gin.EVAL_OUTPUT_DIR="'/tmp/out'"
-  --quick             a smoke run: gin/runs/quick.gin (10 examples, step-timer costs, 10 repeats)
+  --quick             a smoke run: gin/runs/quick.gin (10 examples, step-timer costs, 10 repeats),
+                      written to EVAL_OUTPUT_DIR + '_quick' (the next --quick replaces it)
   --overwrite         replace another run's outputs in EVAL_OUTPUT_DIR
   --resume            continue an interrupted run in EVAL_OUTPUT_DIR (same settings; not auto γ)
   --verbose           on an error, the traceback beside the one-line message
@@ -79,9 +80,10 @@ CACHE_MIN_ENTRY_SIZE_BYTES = 0  # JAX's default: no size floor
 
 def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str], dict]:
     """Splits argv into gin files, bindings and switches ({'overwrite', 'resume', 'help',
-    'verbose', 'no_compilation_cache': bool, 'compilation_cache_dir': str or None}).
+    'quick', 'verbose', 'no_compilation_cache': bool, 'compilation_cache_dir': str or None}).
 
-    `--quick` appends `QUICK_GIN` after the given gin files.
+    `--quick` appends `QUICK_GIN` after the given gin files (and `main` writes its outputs to
+    their own folder: `quick_output_dir`).
 
     Raises:
       ValueError: an unknown argument, or no --gin_file (without --help).
@@ -108,9 +110,19 @@ def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str], dict]:
             )
     if not files and not switches["help"]:
         raise ValueError("at least one --gin_file is required (see gin/experiments/; --help).")
-    if switches.pop("quick"):
+    if switches["quick"]:
         files.append(QUICK_GIN)
     return files, bindings, switches
+
+
+QUICK_SUFFIX = "_quick"
+
+
+def quick_output_dir(output_dir: str) -> str:
+    """Where a `--quick` run writes: `EVAL_OUTPUT_DIR` + '_quick' (runs/x -> runs/x_quick), so a
+    smoke run never takes the folder of the full run, and the next smoke run replaces it."""
+    output_dir = str(output_dir).rstrip("/")
+    return output_dir if output_dir.endswith(QUICK_SUFFIX) else output_dir + QUICK_SUFFIX
 
 
 def main(argv: Sequence[str] | None = None) -> dict | None:
@@ -130,11 +142,17 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     )
     if distributed is not None:
         multihost.initialize(**distributed)  # before any JAX work (gin may load parameters)
-    parse_config(files, bindings)
+    parse_config(files, bindings, finalize=False)
+    overwrite = switches["overwrite"]
+    if switches["quick"]:  # a smoke run: its own folder, replaced by the next smoke run
+        quick_dir = quick_output_dir(gin.query_parameter("%EVAL_OUTPUT_DIR"))
+        gin.parse_config([f"EVAL_OUTPUT_DIR = {quick_dir!r}"])
+        overwrite = overwrite or not switches["resume"]
+    gin.finalize()
     evaluate = gin.get_configurable(job.evaluate)
     metrics = evaluate(
         command="python -m specdec_t5x.eval " + " ".join(argv),
-        overwrite=switches["overwrite"],
+        overwrite=overwrite,
         resume=switches["resume"],
     )
     # Written once, after the call: only then does the operative config hold every value used.
@@ -151,6 +169,7 @@ def print_results(metrics: dict, out_dir: str) -> None:
     flat = summary.flat(metrics)
     print(tables.TABLE_HEADER)
     print("\n".join(tables.rows(metrics)))
+    print(tables.THM38_LEGEND)
     print(json.dumps({k: flat[k] for k in ("identical_fraction", "speedup")}))
     if "weight_flips" in flat:  # CPU_WEIGHT_DTYPE='bfloat16': what the rounding changed
         flips = flat["weight_flips"]

@@ -5,9 +5,11 @@ alone) and with `speculative.speculative_sample` (target + draft), same target w
 inputs, same sampling settings, and reports what the paper reports (Tables 2-4): γ, α (counted
 and Corollary-3.6 β estimate), the cost coefficient c measured in the same run, tokens per
 iteration, measured walltime speedup and the Theorem 3.8 prediction. It runs in labelled phases
-(inputs, parameters, compile, decode, costs, report), each logged with its time, over a list of
-rows (`eval.rows.Row`, built by the row factory `eval.lineup.build`): the baseline(s), one chain
-per fixed γ, one row per token tree and auto γ's row (`specdec_t5x.auto.row`).
+(inputs, parameters, compile, decode, costs, report), each logged with its time (a heartbeat line
+every `HEARTBEAT_S` while it runs; the decode loop's progress with its ETA; the seconds in
+`metrics.json`, `provenance.phases_s`), over a list of rows (`eval.rows.Row`, built by the row
+factory `eval.lineup.build`): the baseline(s), one chain per fixed γ, one row per token tree and
+auto γ's row (`specdec_t5x.auto.row`).
 
 The costs phase prices c and verify/step with the step timer alone (one cheap probe: a few small
 compiles of single decoder steps); the run's own extra calls (`cost_probe.RunCostCalls`, 4 more decode
@@ -35,6 +37,7 @@ import logging
 import operator
 import os
 import sys
+import threading
 import time
 from collections.abc import Hashable, Iterator
 from typing import Any
@@ -54,13 +57,45 @@ logger = logging.getLogger(__name__)
 BASELINE_SAMPLER = rows_lib.BASELINE_SAMPLER  # the fair baseline's draw at T > 0
 
 
+HEARTBEAT_S = 30.0  # a phase still running logs a line this often
+
+
 @contextlib.contextmanager
-def phase(name: str) -> Iterator[None]:
-    """Logs `name` as it starts and its wall time as it ends (one line each)."""
+def phase(
+    name: str,
+    times: dict[str, float] | None = None,
+    key: str | None = None,
+    heartbeat_s: float | None = None,
+) -> Iterator[None]:
+    """Logs `name` as it starts, a heartbeat line every `heartbeat_s` seconds (default
+    `HEARTBEAT_S`) while it runs ("compile and warm up 3 rows: still running, 61 s") and its wall
+    time as it ends; `times[key or name]` gets the seconds. The heartbeat thread stops when the
+    phase ends, however it ends (an exception or KeyboardInterrupt included)."""
+    interval = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
     logger.info("%s ...", name)
     start = time.perf_counter()
-    yield
-    logger.info("%s: done in %.1f s", name, time.perf_counter() - start)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            logger.info("%s: still running, %.0f s", name, time.perf_counter() - start)
+
+    thread = threading.Thread(target=beat, name=f"phase heartbeat: {name}", daemon=True)
+    thread.start()
+    finished = False
+    try:
+        yield
+        finished = True
+    finally:
+        stop.set()
+        thread.join()
+        seconds = time.perf_counter() - start
+        if times is not None:
+            times[key or name] = round(seconds, 3)
+        if finished:
+            logger.info("%s: done in %.1f s", name, seconds)
+        else:
+            logger.info("%s: stopped after %.1f s", name, seconds)
 
 
 @dataclasses.dataclass
@@ -132,7 +167,8 @@ def evaluate(
     headline_key = "auto" if gamma == "auto" else gamma
     settings = sampling_settings.decoder_params()
 
-    with phase("inputs"):  # before the output folder: a bad task leaves nothing behind
+    phases: dict[str, float] = {}  # wall seconds per phase -> provenance.phases_s
+    with phase("inputs", phases):  # before the output folder: a bad task leaves nothing behind
         examples, seqio_task, input_report = inputs_lib.load_examples(
             data.task, data.split, data.num_examples, data.input_len, data.target_len, vocabulary
         )
@@ -147,7 +183,7 @@ def evaluate(
     }
     out = outputs.OutputDir(output_dir).open(run_config, overwrite=overwrite, resume=resume)
     try:
-        with phase("parameters"):  # decoder projections packed once per parameter set
+        with phase("parameters", phases):  # decoder projections packed once per parameter set
             target_params, draft_params, reference_params = _parameters(
                 spec_model, target_params, draft_params, sampling_settings
             )
@@ -164,17 +200,19 @@ def evaluate(
         with interrupts.watch():
             rng0 = jax.random.PRNGKey(measure.seed)
             first = batches[0][1]
-            with phase(f"compile and warm up {len(rows)} rows"):
+            with phase(f"compile and warm up {len(rows)} rows", phases, "compile"):
                 _compile(rows, cost_calls, params, first, rng0, interrupts)
             load_samples = [os.getloadavg()[0]]  # other work skews timings: start and end
-            with phase(f"decode {len(examples)} examples in {len(batches)} batches"):
+            with phase(
+                f"decode {len(examples)} examples in {len(batches)} batches", phases, "decode"
+            ):
                 desc = f"{data.task} T={sampling_settings.temperature}"
                 runs, choices, compiles = _decode_all(
                     rows, cost_calls, params, batches, examples, headline_key, costs_gamma,
                     measure.seed, out, interrupts, (vocabulary, eos_id), desc,
                 )  # fmt: skip
             interrupts.check()
-            with phase("costs: c and verify/step"):
+            with phase("costs: c and verify/step", phases, "costs"):
                 run_costs, work = lineup.measure_costs(
                     spec_model,
                     target_params,
@@ -198,7 +236,7 @@ def evaluate(
                     busy["cores"],
                 )
             rows_per_call = [n for n, _ in batches]
-            with phase("report: summary"):
+            with phase("report: summary", phases, "report_summary"):
                 flat = summary.summarise(
                     runs,
                     gammas,
@@ -221,7 +259,9 @@ def evaluate(
                 for row in rows:
                     row.report(flat, runs, context)
             if measure.diagnostics and gamma != "auto":
-                with phase("report: diagnostics (where the time goes)"):
+                with phase(
+                    "report: diagnostics (where the time goes)", phases, "report_diagnostics"
+                ):
                     budget = lineup.time_budget(
                         spec_model, target_params, draft_params, first, flat, runs,
                         rows_per_call, gamma=gamma, settings=settings,
@@ -230,7 +270,7 @@ def evaluate(
                     )  # fmt: skip
                     flat["diagnostics"] = {"time_budget": budget}
                     flat["predicted_speedup_measured_costs"] = budget["predicted_speedup"]
-            with phase("report: exactness checks"):
+            with phase("report: exactness checks", phases, "report_exactness"):
                 flat.update(
                     _exactness(
                         spec_model, target_params, reference_params, runs, headline_key,
@@ -257,6 +297,7 @@ def evaluate(
         flat["hardware"] = provenance.hardware_description(flat["hardware"])  # one line
         if out.restored:
             flat["resumed"] = {"batches_restored": len(out.restored), "batches": len(batches)}
+        flat["phases_s"] = dict(phases)  # every phase before the outputs are written
         result = summary.group(flat)
         if jax.process_index() == 0:
             with phase("report: write outputs"):
@@ -367,6 +408,8 @@ def _decode_all(
     local = multihost.local_batches(len(batches))  # all batches with one process
     report_every = max(1, len(local) // 10)
     starts = np.cumsum([0] + [n for n, _ in batches]).tolist()
+    t0 = time.perf_counter()
+    next_log = t0 + HEARTBEAT_S  # a progress line at least this often, besides every 10%
     for done, i in enumerate(tqdm.tqdm(local, desc=desc, unit="batch"), start=1):
         n, batch = batches[i]
         rng = jax.random.fold_in(rng0, i)
@@ -415,13 +458,23 @@ def _decode_all(
                     results, per_row, headline_key, examples[starts[i] :], n, texts
                 )
             out.append_batch(_record(i, results, entries, batch_choices), lines)
-        if done % report_every == 0 or done == len(local):
-            logger.info("decoded %d/%d batches (%d%%)", done, len(local), 100 * done // len(local))
+        if done % report_every == 0 or done == len(local) or time.perf_counter() >= next_log:
+            next_log = time.perf_counter() + HEARTBEAT_S
+            _log_progress(done, len(local), starts[i] + n, len(examples), time.perf_counter() - t0)
     extra = {"choices": choices} if choices else {}
     choices = multihost.gather_runs(
         runs, [n for n, _ in batches], len(batches[0][1]["encoder_input_tokens"]), extra
     ).get("choices", choices)
     return runs, choices, compiles.count
+
+
+def _log_progress(done, total, examples_done, examples_total, elapsed) -> None:
+    """One decode progress line: batches and examples done, elapsed seconds and the ETA."""
+    eta = elapsed / done * (total - done)
+    logger.info(
+        "decoded %d/%d batches (%d%%): %d/%d examples, %.0f s elapsed, ETA %.0f s",
+        done, total, 100 * done // total, examples_done, examples_total, elapsed, eta,
+    )  # fmt: skip
 
 
 def _decode_one(row, batch, rng, compiles):

@@ -50,6 +50,41 @@ def predicted_speedups(
     }
 
 
+def thm38_prediction(
+    alpha: float | None, gamma_counts: Mapping[int, int], c: float, verify_cost_ratio: float
+) -> float | None:
+    """Theorem 3.8's speed-up of a table row, fixed γ or auto, from the inputs the table shows.
+
+    Every row's "Predicted (Thm 3.8)" cell and every curve of `speedup.png` comes from here:
+    E(α, γ) / (γc + verify/step) (`theory.measured_walltime_improvement`) with the row's α, the
+    c and verify/step of the row. A fixed row is {γ: 1}. An auto row is its γ chosen per example
+    ({γ: examples}, γ = 0 the baseline alone: 1X), each priced at the same α, c and verify/step,
+    combined as the run's speed-up is (total baseline time over total speculative time, every
+    example's baseline time alike: the examples' harmonic mean).
+
+    Args:
+      alpha: the row's α (None when no chain ran: only γ = 0 is then priced).
+      gamma_counts: {γ: examples}, γ >= 0.
+      c, verify_cost_ratio: the table's c and verify/step.
+
+    Returns:
+      Predicted speed-up (X), or None when a γ > 0 has no α or there are no examples.
+    """
+    total, time = 0, 0.0
+    for g, n in gamma_counts.items():
+        if not n:
+            continue
+        if g == 0:
+            speedup = 1.0
+        elif alpha is None:
+            return None
+        else:
+            speedup = float(theory.measured_walltime_improvement(alpha, g, c, verify_cost_ratio))
+        total += n
+        time += n / speedup
+    return total / time if total else None
+
+
 def c_at_gamma(costs: dict[str, Any], g: int, gamma: int) -> float:
     """The draft's in-loop c at γ = g from step costs measured at γ = `gamma`.
 
@@ -363,7 +398,16 @@ GROUPS = {
         "weight_flips",
         "compilations_during_timing",
     ),
-    "provenance": ("command", "commit", "hardware", "cpu", "date", "switches", "resumed"),
+    "provenance": (
+        "command",
+        "commit",
+        "hardware",
+        "cpu",
+        "date",
+        "switches",
+        "resumed",
+        "phases_s",
+    ),
 }
 NESTED = ("quality", "gamma_sweep", "tree_sweep", "auto", "diagnostics")  # kept as they are
 _GROUP_OF = {key: group for group, keys in GROUPS.items() for key in keys}

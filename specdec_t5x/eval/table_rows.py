@@ -27,6 +27,13 @@ HEADLINE_HEADER = (
     "| Task | Draft | T | γ | α | c | tokens per target call | Speed | identical |\n"
     "|---|---|---|---|---|---|---|---|---|"
 )
+# What the "Predicted (Thm 3.8)" column and the plot's curves are (under every results table).
+THM38_LEGEND = (
+    "Predicted (Thm 3.8) = E(α, γ) / (γ·c + verify/step), E = Eq. 1's tokens per iteration, with "
+    "the row's own α, c (in the loop) and verify/step as shown; an auto row prices each example's "
+    "chosen γ with the same three (γ = 0: 1X) and combines them as its speed-up is combined "
+    "(total time); tree rows: –."
+)
 T5X_SAMPLER_MARK = "†"  # a T > 0 speed-up measured against T5X's Gumbel sampler alone
 
 
@@ -61,8 +68,8 @@ def _cells(m: dict[str, Any]) -> dict[str, str]:
         speed += T5X_SAMPLER_MARK
     busy = provenance.busy_note(m.get("busy_machine"))  # timed while other work shared the CPU
     speed += f" {busy}" if busy else ""
-    predicted = m.get("predicted_speedup") if auto else m.get("predicted_speedup_measured_verify")
     tree = str(m["gamma"]).startswith("tree")  # Theorem 3.8 and the chain's verify/step: n/a
+    predicted = None if tree or bad else predicted_thm38(m)
     return {
         "task": m["task"],
         "draft": m["draft"],
@@ -78,11 +85,34 @@ def _cells(m: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def thm38_gammas(m: dict[str, Any]) -> dict[int, int] | None:
+    """{γ: examples} a flat record's row ran: {γ: 1} for a fixed γ, an auto row's chosen γ
+    (its tree choices left out), None for a tree row."""
+    if m["gamma"] == "auto":
+        return {int(g): n for g, n in m["gamma_chosen"].items() if str(g).isdigit()}
+    if str(m["gamma"]).startswith("tree"):
+        return None
+    return {int(m["gamma"]): 1}
+
+
+def predicted_thm38(m: dict[str, Any]) -> float | None:
+    """A row's "Predicted (Thm 3.8)": `summary.thm38_prediction` with the α, c and verify/step
+    its table row shows (`THM38_LEGEND`); None for a tree row or a record without costs."""
+    m = summary.flat(m)
+    gammas = thm38_gammas(m)
+    if gammas is None or m.get("c_measured") is None or m.get("verify_cost_ratio") is None:
+        return None
+    return summary.thm38_prediction(
+        m.get("alpha_beta"), gammas, m["c_measured"], m["verify_cost_ratio"]
+    )
+
+
 def table_row(m: dict[str, Any]) -> str:
     """One row of `TABLE_HEADER` (the paper's Table 2 with c, verify/step and tokens per target
     call): γ, α (Corollary 3.6), c of the draft in the loop (its lone-loop value in brackets),
     verify/step (the γ + 1-token verify call over one target step), tokens per target call, the
-    measured speed-up, Theorem 3.8 with the measured c and verify cost, and identical_fraction
+    measured speed-up, Theorem 3.8 with the row's α, c and verify/step (`predicted_thm38`, the
+    same function for fixed and auto rows: `THM38_LEGEND`), and identical_fraction
     (1.0 expected at T = 0; at T > 0 outputs are different samples of the same distribution).
 
     At T > 0 the speed is against the fair baseline (the same draw as the speculative loop) with
@@ -90,8 +120,9 @@ def table_row(m: dict[str, Any]) -> str:
     A degenerate cost measurement (`degenerate`) prints "n/a (degenerate: ...)", not numbers; a
     run timed on a busy machine (`provenance.busy_machine`) has its speed marked
     "⚠ busy (load 5.2 on 2 cores)". An auto-γ row shows the γ chosen per example (off = the
-    baseline alone), α or "off", its speed with the paired-bootstrap 5–95 % interval and its
-    prediction from the measured cost curve.
+    baseline alone), α or "off", its speed with the paired-bootstrap 5–95 % interval and Theorem
+    3.8 at its chosen γ (the controller's own cost-curve prediction stays in metrics.json,
+    `auto.predicted_speedup`).
 
     Args:
       m: a `metrics.json` record, grouped or flat (`summary.flat`).
@@ -167,11 +198,12 @@ def rows(m: dict[str, Any], row=table_row) -> list[str]:
 
 def results_table(metrics_files: Sequence[str | os.PathLike]) -> str:
     """Markdown table (Table 2 shape) of several runs' `metrics.json`, in the given order; a run
-    whose sweep included 'auto' adds its auto-γ row (`auto_table_row`) after its own row."""
+    whose sweep included 'auto' adds its auto-γ row (`auto_table_row`) after its own row; the
+    legend (`THM38_LEGEND`) names the costs the prediction column uses."""
     out = []
     for f in metrics_files:
         out += rows(json.loads(pathlib.Path(f).read_text()))
-    return "\n".join([TABLE_HEADER, *out])
+    return "\n".join([TABLE_HEADER, *out, "", THM38_LEGEND])
 
 
 def provenance_footer(metrics_files: Sequence[str | os.PathLike]) -> str:

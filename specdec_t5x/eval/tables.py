@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,16 +24,19 @@ from specdec_t5x.eval.table_rows import (
     HEADLINE_HEADER,
     T5X_SAMPLER_MARK,
     TABLE_HEADER,
+    THM38_LEGEND,
     auto_choices,
     auto_row_record,
     c_cell,
     degenerate,
     fmt,
     headline_row,
+    predicted_thm38,
     provenance_footer,
     results_table,
     rows,
     table_row,
+    thm38_gammas,
     tree_row_records,
 )
 
@@ -43,6 +47,7 @@ __all__ = [  # this module's and, re-exported, `table_rows`'
     "SWEEP_MEDIAN_HEADER",
     "T5X_SAMPLER_MARK",
     "TABLE_HEADER",
+    "THM38_LEGEND",
     "auto_choices",
     "auto_row_record",
     "c_cell",
@@ -52,6 +57,8 @@ __all__ = [  # this module's and, re-exported, `table_rows`'
     "hf_comparison_table",
     "kernel_path",
     "median_row",
+    "plot_series",
+    "predicted_thm38",
     "prediction_row",
     "provenance_footer",
     "results_table",
@@ -60,6 +67,7 @@ __all__ = [  # this module's and, re-exported, `table_rows`'
     "step_cost_table",
     "sweep_median_rows",
     "table_row",
+    "thm38_gammas",
     "tree_row_records",
     "write_eval_outputs",
 ]
@@ -78,11 +86,11 @@ def write_eval_outputs(out_dir, record, runs, gammas, headline, examples, vocabu
     from specdec_t5x.eval import outputs
 
     out_dir = pathlib.Path(out_dir)
-    outputs.write_atomic(out_dir / "table_row.md", "\n".join([TABLE_HEADER, *rows(record)]) + "\n")
-    if headline != "auto":  # the plot shows one fixed γ's histogram
-        tmp = out_dir / ".speedup.tmp.png"
-        speedup_plot(tmp, summary.flat(record), gammas)
-        os.replace(tmp, out_dir / "speedup.png")
+    table = [TABLE_HEADER, *rows(record), "", THM38_LEGEND]
+    outputs.write_atomic(out_dir / "table_row.md", "\n".join(table) + "\n")
+    tmp = out_dir / ".speedup.tmp.png"
+    speedup_plot(tmp, summary.flat(record), gammas)
+    os.replace(tmp, out_dir / "speedup.png")
     outputs.write_json(out_dir / "metrics.json", record)  # last: its presence means finished
 
 
@@ -108,41 +116,79 @@ def prediction_row(example, tokens, seconds, stats, vocabulary, eos_id: int) -> 
     }
 
 
+def _tree_depth(row: dict[str, Any], name: str) -> int:
+    """A tree row's depth (its x on the plot): levels of its acceptance, or its name's numbers."""
+    depths = row.get("depth_acceptance")
+    if depths:
+        return len(depths)
+    return max(1, len(re.findall(r"\d+", name)))
+
+
+def plot_series(m: dict[str, Any], gammas) -> dict[str, tuple[list[float], list[float]]]:
+    """What `speedup_plot`'s right panel draws, {label: (x, y)}: every row of the run's table.
+
+    'Thm 3.8' is the fixed rows' prediction over γ = 1..max(10, γ) from the table's own α, c and
+    verify/step (`table_rows.predicted_thm38`, the column's function; left out when the cost
+    measurement is degenerate); 'measured' the fixed γ rows; 'auto (measured)' and 'auto (Thm
+    3.8)' the auto row at its examples' mean chosen γ; 'tree(...)' each tree row at its depth.
+
+    Args:
+      m: a flat record (`summary.flat`); gammas: the fixed γ rows run.
+    """
+    m = summary.flat(m)
+    auto = auto_row_record(m) or (m if m["gamma"] == "auto" else None)
+    sweep = m["gamma_sweep"]
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    fixed = [g for g in sweep if str(g).isdigit()]
+    if not degenerate(m) and fixed:
+        head = m if m["gamma"] != "auto" else {**m, **sweep[str(max(map(int, fixed)))]}
+        grid = [int(g) for g in np.arange(1, max(10, max(gammas)) + 1)]
+        curve = [predicted_thm38({**head, "gamma": g}) for g in grid]
+        series["Thm 3.8"] = (grid, curve)
+    series["measured"] = ([int(g) for g in fixed], [sweep[g]["speedup"] for g in fixed])
+    if auto is not None:
+        chosen = thm38_gammas({**auto, "gamma": "auto"})
+        n = sum(chosen.values())
+        x = sum(g * k for g, k in chosen.items()) / n if n else 0.0
+        series["auto (measured)"] = ([x], [auto["speedup"]])
+        predicted = None if degenerate(m) else predicted_thm38({**auto, "gamma": "auto"})
+        if predicted is not None:
+            series["auto (Thm 3.8)"] = ([x], [predicted])
+    for name, row in (m.get("tree_sweep") or {}).items():
+        series[name] = ([_tree_depth(row, name)], [row["speedup"]])
+    return series
+
+
 def speedup_plot(path, m, gammas) -> None:
-    """Accept-length histogram and speedup against γ (measured; Thm 3.8 with the measured c and
-    verify cost unless the cost measurement is degenerate). `m`: a flat record."""
+    """Accept-length histogram (the headline row, or with an auto headline its largest fixed γ)
+    and speed-up against γ: every row of the run's table (fixed γ, auto, trees) with Theorem 3.8
+    from the table's own α, c and verify/step (`plot_series`). `m`: a flat record."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    m = summary.flat(m)
     fig = Figure(figsize=(9, 3.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 2, 1)
-    hist = m["accept_histogram"]
+    hist_row = m
+    if "accept_histogram" not in m:  # an auto headline: its largest fixed γ's histogram
+        fixed = [g for g in m["gamma_sweep"] if str(g).isdigit()]
+        hist_row = {"gamma": max(fixed, key=int), **m["gamma_sweep"][max(fixed, key=int)]}
+    hist = hist_row["accept_histogram"]
     ax.bar(range(len(hist)), hist)
     ax.set_xlabel("drafts accepted per iteration (n_accepted)")
     ax.set_ylabel("iterations")
-    ax.set_title(f"γ={m['gamma']}, α={m['alpha_beta']:.2f}")
+    ax.set_title(f"γ={hist_row['gamma']}, α={hist_row['alpha_beta']:.2f}")
     ax = fig.add_subplot(1, 2, 2)
-    if not degenerate(m):
-        grid = [int(g) for g in np.arange(1, max(10, max(gammas)) + 1)]
-        alpha, v = m["alpha_beta"], m["verify_cost_ratio"]
-        step_costs = m.get("step_costs") or {"c": m["c_measured"]}
-        predicted = [
-            summary.predicted_speedups(alpha, g, summary.c_at_gamma(step_costs, g, m["gamma"]), v)
-            for g in grid
-        ]
-        ax.plot(grid, [p["predicted_speedup_thm38"] for p in predicted], label="Thm 3.8")
-        ax.plot(
-            grid,
-            [p["predicted_speedup_measured_verify"] for p in predicted],
-            "--",
-            label="with measured verify cost",
-        )
-    sweep = m["gamma_sweep"]
-    ax.plot([int(g) for g in sweep], [sweep[g]["speedup"] for g in sweep], "o", label="measured")
+    styles = {"Thm 3.8": "-", "measured": "o", "auto (measured)": "*", "auto (Thm 3.8)": "x"}
+    for label, (x, y) in plot_series(m, gammas).items():
+        ax.plot(x, y, styles.get(label, "s"), label=label, ms=8 if "auto" in label else 6)
     ax.axhline(1.0, color="grey", lw=0.5)
-    ax.set_xlabel("γ")
+    ax.set_xlabel("γ (auto: mean chosen γ; trees: depth)")
     ax.set_ylabel("walltime speedup")
+    c, v = m.get("c_measured"), m.get("verify_cost_ratio")
+    if c is not None and v is not None:
+        ax.set_title(f"Thm 3.8 at c = {c:.3f}, verify/step = {v:.2f}", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120, format="png")
