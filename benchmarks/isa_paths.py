@@ -169,11 +169,11 @@ def projection_shapes(name: str) -> list[tuple[int, int]]:
     return sorted({(e, h), (h, e), (e, f), (f, e), (e, m["vocab_size"])})
 
 
-def dots(shapes, variants, libs, ms, rounds: int, stream_mib: int) -> dict[str, Any]:
+def dots(shapes, variants, libs, ms, rounds: int, stream_mib: float) -> dict[str, Any]:
     """{'<in>x<out>': {variant: {M: {'us', 'gflops', 'weight_gbs', 'vs_xla_1'}}}}."""
     out = {}
     for i, o in shapes:
-        n = max(2, -(-stream_mib * 2**20 // (4 * i * o)))
+        n = max(2, int(-(-stream_mib * 2**20 // (4 * i * o))))  # weight copies per chain
         ws = [jax.random.normal(jax.random.PRNGKey(j), (i, o), jnp.float32) for j in range(n)]
         packed = {
             d: [cpu_kernel.pack(w, d) for w in ws]
@@ -384,7 +384,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         f"- batch 1, enc_len {s['enc_len']}, cache length {s['max_len']}, block at position "
         f"{s['position']}, {s['rounds']} interleaved rounds, {s['loop_steps']} steps per "
-        f"`fori_loop`; products and attention: {s['dot_rounds']} rounds, {s['stream_mib']} MiB of "
+        f"`fori_loop`; products and attention: {s['dot_rounds']} rounds, {s['stream_mib']:g} MiB of "
         "weights per product shape; random float32 weights.",
         f"- kernel code path detected: `{result['isa_detected']}`; --before: `{result['before']}`",
         f"- command: `{result['command']}`",
@@ -408,7 +408,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--ks", type=_csv(int), default="1,8")
     p.add_argument("--dot_models", type=_csv(), default="embedded,small_v8192")
     p.add_argument("--dot_ms", type=_csv(int), default="1,2,4,6,8,12,16")
-    p.add_argument("--stream_mib", type=int, default=96)
+    p.add_argument("--stream_mib", type=float, default=96)
     p.add_argument("--dot_rounds", type=int, default=9)
     p.add_argument("--position", type=int, default=32)
     p.add_argument("--enc_len", type=int, default=64)

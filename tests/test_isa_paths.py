@@ -33,7 +33,7 @@ def test_tiny_run_with_an_earlier_build(tmp_path):
     isa = cpu_kernel.isa()
     argv = ["--before", lib._name, "--models", "tiny", "--dot_models", "tiny", "--ks", "1,2"]
     argv += ["--variants", f"xla,kernel@{isa},kernel_before@{isa}", "--rounds", "2"]
-    argv += ["--dot_rounds", "2", "--dot_ms", "1,3", "--stream_mib", "1", "--loop_steps", "2"]
+    argv += ["--dot_rounds", "2", "--dot_ms", "1,3", "--stream_mib", "0.02", "--loop_steps", "2"]
     path = isa_paths.main([*argv, "--tag", "smoke", "--out", str(tmp_path)])
     result = json.loads(path.read_text())
     steps = result["steps"]["tiny"]

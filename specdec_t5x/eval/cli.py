@@ -45,8 +45,9 @@ The main job: baseline vs speculative decoding of a seqio task split, timed side
 flags:
   --gin_file=FILE     a gin file (repeatable), e.g. gin/experiments/embedded_ende_model_t0.gin
   --gin.KEY=VALUE     a gin binding, e.g. --gin.NUM_EXAMPLES=20 --gin.EVAL_OUTPUT_DIR="'/tmp/out'"
-  --quick             a smoke run: gin/runs/quick.gin (10 examples, step-timer costs, 10 repeats),
-                      written to EVAL_OUTPUT_DIR + '_quick' (the next --quick replaces it)
+  --quick             a smoke run: gin/runs/quick.gin (10 examples, step-timer costs, 10 repeats,
+                      no auto-γ row), written to EVAL_OUTPUT_DIR + '_quick' (the next --quick
+                      replaces it)
   --overwrite         replace another run's outputs in EVAL_OUTPUT_DIR
   --resume            continue an interrupted run in EVAL_OUTPUT_DIR (same settings; not auto γ)
   --verbose           on an error, the traceback beside the one-line message
