@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
-from flax import serialization
+
+from specdec_t5x import embedded
 
 CHUNK_BYTES = 64 * 1024 * 1024  # T5X's desired zarr chunk size
 
@@ -73,13 +74,9 @@ def read_optimizer_state(msgpack_file: pathlib.Path) -> dict[str, Any]:
     raw = msgpack_file.read_bytes()
     if raw.startswith(b"model_checkpoint_path"):
         raise ValueError(f"{msgpack_file} is a TensorFlow checkpoint index, not a T5X checkpoint.")
-    try:
-        contents = serialization.msgpack_restore(raw)
-    except Exception as e:  # msgpack raises bare ValueErrors ("Unpack failed: incomplete input")
-        raise ValueError(
-            f"T5X checkpoint file {msgpack_file} is truncated or corrupt ({len(raw)} bytes; "
-            f"msgpack could not decode it: {e})."
-        ) from e
+    contents = embedded.restore_msgpack(
+        raw, f"T5X checkpoint file {msgpack_file} is truncated or corrupt"
+    )
     if not isinstance(contents, dict):
         raise ValueError(f"{msgpack_file} does not hold a T5X checkpoint dict.")
     if contents.get("version", 0) == 0:  # version 0 stored the optimizer state at the top

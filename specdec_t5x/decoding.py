@@ -30,6 +30,7 @@ Worked example (batch 1, L = 5, eos = 1, a forced prompt of one token, 7)::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -217,22 +218,18 @@ def temperature_sample(
         if max_decode_steps is not None and jnp.ndim(max_decode_steps) == 1:
             max_decode_steps = jnp.repeat(max_decode_steps, num_decodes)
 
-    decodes, log_probs = _temperature_sample_single_trial(
-        inputs,
-        cache,
-        tokens_to_logits,
-        eos_id,
-        decode_rng,
-        temperature,
-        topk,
-        topp,
-        initial_index,
-        max_decode_steps,
-        rescale_log_probs,
-        state_callback_fn,
-        logit_callback_fn,
-        _DRAWS[sampler],
+    next_token = functools.partial(
+        _next_token_and_log_prob,
+        temperature=temperature,
+        topk=topk,
+        topp=topp,
+        rescale_log_probs=rescale_log_probs,
+        draw=_DRAWS[sampler],
     )
+    decodes, log_probs = _temperature_sample_single_trial(
+        inputs, cache, tokens_to_logits, next_token, eos_id, decode_rng, initial_index,
+        max_decode_steps, state_callback_fn, logit_callback_fn,
+    )  # fmt: skip
     decodes = decodes.reshape(batch, num_decodes, max_len)  # [b * n, L] -> [b, n, L]
     log_probs = log_probs.reshape(batch, num_decodes)
     order = jnp.argsort(log_probs, axis=-1)  # ascending: best last
@@ -305,22 +302,12 @@ def _sample_rows(rng, logits, temperature, topk, topp, rescale_log_probs, draw):
 
 
 def _temperature_sample_single_trial(
-    inputs,
-    cache,
-    tokens_to_logits,
-    eos_id,
-    decode_rng,
-    temperature,
-    topk,
-    topp,
-    initial_index,
-    max_decode_steps,
-    rescale_log_probs,
-    state_callback_fn,
-    logit_callback_fn,
-    draw,
-):
-    """The sampling loop over flattened rows B' = batch * num_decodes; `draw` is `_DRAWS[sampler]`."""
+    inputs, cache, tokens_to_logits, next_token, eos_id, decode_rng, initial_index,
+    max_decode_steps, state_callback_fn, logit_callback_fn,
+):  # fmt: skip
+    """The sampling loop over flattened rows B' = batch * num_decodes; `next_token(rng, logits)` is
+    `_next_token_and_log_prob` with the sampling settings bound (int32 [B'] tokens, float32 [B']
+    log-probs from float32 [B', vocab] logits)."""
     rows, max_len = inputs.shape
     if max_decode_steps is None:
         row_max_len = jnp.full((rows,), max_len, jnp.int32)
@@ -352,9 +339,7 @@ def _temperature_sample_single_trial(
         logits, new_cache = tokens_to_logits(decoding_state)  # [B', V]
         if logit_callback_fn is not None:
             logits = logit_callback_fn(logits, state)
-        token, log_prob = _next_token_and_log_prob(
-            rng, logits, temperature, topk, topp, rescale_log_probs, draw
-        )
+        token, log_prob = next_token(rng, logits)
         i = jnp.minimum(state.cur_index, row_max_len)  # [B']
         forced_token = state.sequences[row_ids, i + 1]
         forced = forced_token != 0

@@ -29,6 +29,25 @@ def params_path(name: str) -> pathlib.Path:
     return MODELS_DIR / name / PARAMS_FILE
 
 
+def restore_msgpack(raw: bytes, problem: str) -> Any:
+    """`flax.serialization.msgpack_restore(raw)`: the decoded object (nested dicts of NumPy arrays
+    and scalars for a parameter or checkpoint file).
+
+    Args:
+      raw: the file's bytes.
+      problem: the start of the error message, naming the file (e.g. "parameter file x is
+        truncated or not a parameter tree").
+
+    Raises:
+      ValueError: msgpack cannot decode `raw` (truncated or not msgpack): `problem`, then the byte
+        count and msgpack's own message.
+    """
+    try:
+        return serialization.msgpack_restore(raw)
+    except Exception as e:  # msgpack raises bare ValueErrors ("Unpack failed: incomplete input")
+        raise ValueError(f"{problem} ({len(raw)} bytes; msgpack could not decode it: {e}).") from e
+
+
 def save_params(
     params: Any, path: str | os.PathLike, dtype: Any = jnp.bfloat16, base: str | None = None
 ) -> pathlib.Path:
@@ -86,14 +105,9 @@ def load_params(
         shipped = sorted(p.parent.name for p in MODELS_DIR.glob(f"*/{PARAMS_FILE}"))
         hint = f" Shipped names: {', '.join(shipped)}." if name is not None else ""
         raise FileNotFoundError(f"no parameter file at {path}.{hint}")
-    raw = path.read_bytes()
-    try:
-        state = serialization.msgpack_restore(raw)
-    except Exception as e:  # msgpack raises bare ValueErrors ("Unpack failed: incomplete input")
-        raise ValueError(
-            f"parameter file {path} is truncated or not a parameter tree ({len(raw)} bytes; "
-            f"msgpack could not decode it: {e})."
-        ) from e
+    state = restore_msgpack(
+        path.read_bytes(), f"parameter file {path} is truncated or not a parameter tree"
+    )
     if not isinstance(state, dict):
         raise ValueError(
             f"parameter file {path} decodes to {type(state).__name__}, not a parameter tree "

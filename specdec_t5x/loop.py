@@ -1,12 +1,14 @@
 """What the chain loop (`speculative`) and the tree loop (`tree_decoding`) share.
 
-The carry (`LoopState`), the argument checks, the start (forced prompt prefilled, limits), the
-draft's first call of an iteration (catching up on the token it never consumed), emitting an
+The carry (`LoopState`), the statistics both keep (`LoopStats`), the argument checks, the start
+(forced prompt prefilled, limits, the iteration bound to its arguments), the draft's first call of an iteration (catching up on the token it never consumed), emitting an
 iteration's tokens (cut at EOS and at the row's length limit) and running the `lax.while_loop`.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax
@@ -44,6 +46,82 @@ class LoopState:
     stats: Any
 
 
+@flax.struct.dataclass
+class LoopStats:
+    """The per-row statistics both loops keep (only iterations before a row ended count).
+
+    `speculative.SpeculativeStats` and `tree.TreeStats` extend it (a "draft test" is one draft of
+    the chain, or one depth of the tree: α_counted = num_accepted / num_draft_tokens).
+
+    Attributes:
+      num_iterations: int32 [batch] target verify calls (iterations).
+      num_draft_tokens: int32 [batch] draft tests that ran: min(n_accepted + 1, γ) per iteration
+        for a chain, the depths whose child tests ran for a tree (fewer when EOS or the length
+        limit cut the iteration).
+      num_accepted: int32 [batch] accepted drafts (depths); each test is a Bernoulli(β) trial
+        (Def. 3.1).
+      accept_histogram: int32 [batch, depth + 1] iterations that accepted n drafts (depths).
+      beta_sum: float32 [batch] Σ β over the tests (Corollary 3.6 estimator of α).
+      num_beta: int32 [batch] number of β terms in `beta_sum`.
+      num_generated: int32 [batch] tokens written by the loop (forced prompt excluded, EOS
+        included); tokens per iteration = num_generated / num_iterations.
+      num_proposed: int32 [batch] draft tokens (tree nodes) proposed (γ or K - 1 per iteration;
+        fewer with early exit or near the length limit).
+    """
+
+    num_iterations: Array
+    num_draft_tokens: Array
+    num_accepted: Array
+    accept_histogram: Array
+    beta_sum: Array
+    num_beta: Array
+    num_generated: Array
+    num_proposed: Array
+
+    @classmethod
+    def start(cls, batch: int, depth: int, **extra: Array):
+        """The statistics before the first iteration for `batch` rows and `depth` (γ, or the
+        tree's depth): every count zero, the subclass's own fields from `extra`."""
+        zeros = lambda *shape: jnp.zeros((batch,) + shape, jnp.int32)
+        return cls(
+            num_iterations=zeros(),
+            num_draft_tokens=zeros(),
+            num_accepted=zeros(),
+            accept_histogram=zeros(depth + 1),
+            beta_sum=jnp.zeros((batch,), jnp.float32),
+            num_beta=zeros(),
+            num_generated=zeros(),
+            num_proposed=zeros(),
+            **extra,
+        )
+
+    def count(self, active, tested, accepted, beta, num_new, proposed):
+        """These statistics (of the same class) with one iteration's counts added.
+
+        Args:
+          active: bool [batch] rows still decoding at the iteration's start (others add nothing
+            to `num_iterations`, `accept_histogram` and `num_proposed`; their other counts must
+            be zero).
+          tested: int32 [batch] draft tests counted; accepted: int32 [batch] accepted drafts
+            (0..depth).
+          beta: float32 [batch] Σ β over the counted tests.
+          num_new: int32 [batch] tokens written.
+          proposed: int32 [batch] drafts (nodes) proposed.
+        """
+        return self.replace(
+            num_iterations=self.num_iterations + active,
+            num_draft_tokens=self.num_draft_tokens + tested,
+            num_accepted=self.num_accepted + accepted,
+            accept_histogram=self.accept_histogram
+            + jax.nn.one_hot(accepted, self.accept_histogram.shape[1], dtype=jnp.int32)
+            * active[:, None],
+            beta_sum=self.beta_sum + beta,
+            num_beta=self.num_beta + tested,
+            num_generated=self.num_generated + num_new,
+            num_proposed=self.num_proposed + jnp.where(active, proposed, 0),
+        )
+
+
 def check(inputs: Array, max_decode_steps, target, draft, eos_id: int) -> tuple[int, int]:
     """`(batch, max_decode_len)` of `inputs` int32 [batch, max_decode_len] after the checks.
 
@@ -69,18 +147,34 @@ def check(inputs: Array, max_decode_steps, target, draft, eos_id: int) -> tuple[
     return batch, max_len
 
 
-def start(inputs: Array, max_decode_steps, depth: int, target, draft, rng, stats):
-    """The loop state before the first iteration, and the rows' length limits.
+def start(
+    iteration: Callable[..., LoopState],
+    inputs: Array,
+    max_decode_steps,
+    depth: int,
+    target,
+    draft,
+    eos_id: int,
+    rng,
+    stats,
+    **settings: Any,
+) -> tuple[LoopState, Callable[[LoopState], LoopState]]:
+    """The loop state before the first iteration, and the loop's body.
 
     Args:
+      iteration: `iteration(state, *, target_fn, draft_fn, eos_id, limit, **settings) -> state`,
+        one iteration for every row (`limit`: int32 [batch], a row is full when length - 1
+        reaches it).
       inputs, max_decode_steps: as `check`.
       depth: static, the most drafts one iteration can accept (γ, or the tree's depth).
       target, draft: (block step, cache) each.
+      eos_id: end-of-sequence id.
       rng: PRNG key (None: `PRNGKey(0)`).
       stats: the statistics' zeros (`speculative.SpeculativeStats`, `tree.TreeStats`).
+      **settings: further keywords of `iteration`.
 
     Returns:
-      (`LoopState`, limit int32 [batch]: a row is full when length - 1 reaches it).
+      (`LoopState`, body: `iteration` with every argument but the state bound).
     """
     buffer, length, limit, target_cache, draft_cache = steps.start_loop(
         inputs, max_decode_steps, depth, target, draft
@@ -95,7 +189,10 @@ def start(inputs: Array, max_decode_steps, depth: int, target, draft, rng, stats
         rng=jax.random.PRNGKey(0) if rng is None else rng,
         stats=stats,
     )
-    return state, limit
+    body = functools.partial(
+        iteration, target_fn=target[0], draft_fn=draft[0], eos_id=eos_id, limit=limit, **settings
+    )
+    return state, body
 
 
 def run(body, init: LoopState, max_len: int) -> tuple[Array, Any]:

@@ -440,11 +440,11 @@ class Transformer(nn.Module):
             encoder_input_tokens,
             decoder_input_tokens,
             decoder_target_tokens,
-            encoder_segment_ids,
-            decoder_segment_ids,
-            decoder_positions,
-            enable_dropout,
-            decode,
+            encoder_segment_ids=encoder_segment_ids,
+            decoder_segment_ids=decoder_segment_ids,
+            decoder_positions=decoder_positions,
+            enable_dropout=enable_dropout,
+            decode=decode,
         )
 
 

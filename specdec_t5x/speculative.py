@@ -38,7 +38,6 @@ then feeds two tokens (d_γ, bonus) instead of one (`draft_behind`), so no extra
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import flax
@@ -55,51 +54,25 @@ Array = jax.Array
 
 
 @flax.struct.dataclass
-class SpeculativeStats:
+class SpeculativeStats(loop.LoopStats):
     """Per-row statistics of a speculative decode (only iterations before a row ended count).
 
+    `loop.LoopStats`' fields for a chain of γ drafts (a draft test: the acceptance test of one
+    draft token, min(n_accepted + 1, γ) per iteration; accept_histogram int32 [batch, γ + 1];
+    num_proposed: γ per iteration, fewer with early exit), then:
+
     Attributes:
-      num_iterations: int32 [batch] target verify calls (iterations).
-      num_draft_tokens: int32 [batch] draft tokens whose acceptance test ran:
-        min(n_accepted + 1, γ) per iteration (fewer when EOS or the length limit cut the block).
-      num_accepted: int32 [batch] accepted draft tokens (α_counted = num_accepted /
-        num_draft_tokens; each test is a Bernoulli(β) trial, Def. 3.1).
-      accept_histogram: int32 [batch, gamma + 1] iterations that accepted n drafts.
-      beta_sum: float32 [batch] Σ β over tested positions (Corollary 3.6 estimator of α).
-      num_beta: int32 [batch] number of β terms in `beta_sum`.
-      num_generated: int32 [batch] tokens written by the loop (forced prompt excluded, EOS
-        included); tokens per iteration = num_generated / num_iterations.
-      num_proposed: int32 [batch] draft tokens proposed (γ per iteration; fewer with early exit).
       log_prob: float32 [batch] Σ log p(token) of the generated tokens under the target's adjusted
         distribution (temperature, top-k, top-p): T5X's `temperature_sample` score with
         `rescale_log_probs=True` (0 in argmax mode, as T5X's greedy scores).
     """
 
-    num_iterations: Array
-    num_draft_tokens: Array
-    num_accepted: Array
-    accept_histogram: Array
-    beta_sum: Array
-    num_beta: Array
-    num_generated: Array
-    num_proposed: Array
     log_prob: Array
 
     @classmethod
     def zeros(cls, batch: int, gamma: int) -> SpeculativeStats:
         """The statistics before the first iteration, for `batch` rows and γ = `gamma`."""
-        zeros = lambda *shape: jnp.zeros((batch,) + shape, jnp.int32)
-        return cls(
-            num_iterations=zeros(),
-            num_draft_tokens=zeros(),
-            num_accepted=zeros(),
-            accept_histogram=zeros(gamma + 1),
-            beta_sum=jnp.zeros((batch,), jnp.float32),
-            num_beta=zeros(),
-            num_generated=zeros(),
-            num_proposed=zeros(),
-            log_prob=jnp.zeros((batch,), jnp.float32),
-        )
+        return cls.start(batch, gamma, log_prob=jnp.zeros((batch,), jnp.float32))
 
 
 def speculative_sample(
@@ -127,7 +100,7 @@ def speculative_sample(
     drafts and ends at its own EOS; the loop ends when every row has ended or is full. The
     keywords are T5X's (gin binds them as T5X's `temperature_sample`'s); they are checked into a
     `sampling.SamplingSettings` (temperature, topk, topp) and a `speculation.Speculation` (the
-    others but decode_rng), which the loop (`_iteration`, or `tree_decoding.tree_sample`) takes.
+    others but decode_rng), which the loop (`_iteration`, or `tree_decoding.tree_iteration`'s body) takes.
 
     Args:
       inputs: int32 [batch, max_decode_len], T5X semantics: all zeros for plain decoding; a
@@ -157,7 +130,7 @@ def speculative_sample(
         target scores only the longest row's block). 0 = off. Output distribution unchanged.
       tree: None (the chain of γ drafts above) or a draft token tree: per-depth branching
         factors, e.g. (3, 2, 1), or child-rank paths, e.g. ((0,), (1,), (0, 0)) (`tree.TreeShape`):
-        `tree_decoding.tree_sample` verifies every node in one target call (the
+        `tree_decoding.tree_iteration` verifies every node in one target call (the
         target's distribution exactly; argmax mode: greedy's tokens). Needs `tree.TreeStep`s
         (`steps.make_block_step` builds them), token verification and no early exit.
       tree_rule: the tree's acceptance rule at T > 0, one of `tree.TREE_RULES` ('topk': the
@@ -201,30 +174,17 @@ def speculative_sample(
     target = (target_tokens_to_logits, target_cache)
     draft = (draft_tokens_to_logits, draft_cache)
     if tree is not None:
-        return tree_decoding.tree_sample(
+        init, body = tree_decoding.tree_iteration(
             inputs, target_cache, target_tokens_to_logits, draft_cache, draft_tokens_to_logits,
             eos_id, sampling=settings, speculation=speculation, decode_rng=decode_rng,
         )  # fmt: skip
-    batch, max_len = loop.check(inputs, max_decode_steps, target, draft, eos_id)
-    init, limit = loop.start(
-        inputs,
-        max_decode_steps,
-        gamma,
-        target,
-        draft,
-        decode_rng,
-        SpeculativeStats.zeros(batch, gamma),
-    )
-    body = functools.partial(
-        _iteration,
-        target_fn=target_tokens_to_logits,
-        draft_fn=draft_tokens_to_logits,
-        eos_id=eos_id,
-        limit=limit,
-        sampling=settings,
-        speculation=speculation,
-    )
-    return loop.run(body, init, max_len)
+    else:
+        batch, _ = loop.check(inputs, max_decode_steps, target, draft, eos_id)
+        init, body = loop.start(
+            _iteration, inputs, max_decode_steps, gamma, target, draft, eos_id, decode_rng,
+            SpeculativeStats.zeros(batch, gamma), sampling=settings, speculation=speculation,
+        )  # fmt: skip
+    return loop.run(body, init, inputs.shape[1])
 
 
 def _iteration(
@@ -339,19 +299,9 @@ def _count(s: SpeculativeStats, verdict, num_drafts, out: loop.Emitted, p, activ
         log_prob = jnp.sum(jnp.where(slots < num_new[:, None], log_p, 0.0), axis=1)
     tested = jnp.minimum(jnp.minimum(n_accepted + 1, num_drafts), num_new)
     accepted = jnp.minimum(n_accepted, num_new)
-    return SpeculativeStats(
-        num_iterations=s.num_iterations + active,
-        num_draft_tokens=s.num_draft_tokens + tested,
-        num_accepted=s.num_accepted + accepted,
-        accept_histogram=s.accept_histogram
-        + (jax.nn.one_hot(accepted, gamma + 1, dtype=jnp.int32) * active[:, None]),
-        beta_sum=s.beta_sum
-        + jnp.sum(jnp.where(slots[:gamma] < tested[:, None], verdict.beta, 0), 1),
-        num_beta=s.num_beta + tested,
-        num_generated=s.num_generated + num_new,
-        num_proposed=s.num_proposed + jnp.where(active, num_drafts, 0),
-        log_prob=s.log_prob + log_prob,
-    )
+    beta = jnp.sum(jnp.where(slots[:gamma] < tested[:, None], verdict.beta, 0), 1)
+    s = s.count(active, tested, accepted, beta, num_new, num_drafts)
+    return s.replace(log_prob=s.log_prob + log_prob)
 
 
 def _draft_block(draft_fn, propose, logits0, dc, n, rng, active, gamma, threshold):

@@ -19,7 +19,7 @@ an ordinary position-addressed cache.
 
 Modules: `tree_shape` holds the pure layout (`TreeShape`, `parse_tree`, `optimal_paths`: NumPy
 index arithmetic, re-exported here); this module what a tree call hands the network
-(`TreeQuery`), the step contract (`TreeStep`) and the statistics (`TreeStats`); `tree_decoding`
+(`TreeQuery`), the step contract (`TreeStep`) and the statistics (`TreeStats`, extending `loop.LoopStats`); `tree_decoding`
 the acceptance rules, the walk and the loop.
 """
 
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import network
+from specdec_t5x import loop, network
 from specdec_t5x.tree_shape import MAX_TREE_NODES as MAX_TREE_NODES
 from specdec_t5x.tree_shape import TREE_RULES as TREE_RULES
 from specdec_t5x.tree_shape import TreeShape as TreeShape
@@ -187,23 +187,15 @@ class TreeVerdict(flax.struct.PyTreeNode):
 
 
 @flax.struct.dataclass
-class TreeStats:
+class TreeStats(loop.LoopStats):
     """Per-row statistics of a tree-speculative decode (only iterations before a row ended).
 
-    The first eight fields mean what `speculative.SpeculativeStats`' do, with a "draft test" being
-    one depth of the tree (α_counted = num_accepted / num_draft_tokens is the per-depth
-    acceptance); the rest are the tree's own.
+    `loop.LoopStats`' fields for a tree, a "draft test" being one depth of the tree (α_counted =
+    num_accepted / num_draft_tokens is the per-depth acceptance; accept_histogram int32 [batch,
+    D + 1]; num_proposed: K - 1 nodes per iteration, fewer near the length limit), then the
+    tree's own.
 
     Attributes:
-      num_iterations: int32 [batch] target verify calls.
-      num_draft_tokens: int32 [batch] depths whose child tests ran (cut at EOS / the limit).
-      num_accepted: int32 [batch] accepted depths.
-      accept_histogram: int32 [batch, D + 1] iterations whose accepted depth was a.
-      beta_sum: float32 [batch] Σ β at the tested depths' nodes; num_beta: int32 [batch] terms.
-      num_generated: int32 [batch] tokens written (EOS included); tokens per target call =
-        num_generated / num_iterations.
-      num_proposed: int32 [batch] draft nodes proposed (K - 1 per iteration, fewer near the
-        length limit).
       depth_tested: int32 [batch, D] iterations that tested children at depth d + 1.
       depth_accepted: int32 [batch, D] ... and accepted one (acceptance per depth = ratio).
       rank_tested: int32 [batch, D, k_max] tests of the child of rank i at depth d + 1.
@@ -213,14 +205,6 @@ class TreeStats:
         `optimal_paths` takes to choose a smaller tree from a run with a larger one.
     """
 
-    num_iterations: Array
-    num_draft_tokens: Array
-    num_accepted: Array
-    accept_histogram: Array
-    beta_sum: Array
-    num_beta: Array
-    num_generated: Array
-    num_proposed: Array
     depth_tested: Array
     depth_accepted: Array
     rank_tested: Array
@@ -232,15 +216,9 @@ class TreeStats:
         """The statistics before the first iteration, for `batch` rows and tree `shape`."""
         zeros = lambda *s: jnp.zeros((batch,) + s, jnp.int32)
         depth_max, k_max = shape.max_depth, shape.max_children()
-        return cls(
-            num_iterations=zeros(),
-            num_draft_tokens=zeros(),
-            num_accepted=zeros(),
-            accept_histogram=zeros(depth_max + 1),
-            beta_sum=jnp.zeros((batch,), jnp.float32),
-            num_beta=zeros(),
-            num_generated=zeros(),
-            num_proposed=zeros(),
+        return cls.start(
+            batch,
+            depth_max,
             depth_tested=zeros(depth_max),
             depth_accepted=zeros(depth_max),
             rank_tested=zeros(depth_max, k_max),
@@ -258,23 +236,16 @@ class TreeStats:
           num_new: int32 [batch] tokens written.
           active: bool [batch] rows still decoding at the iteration's start.
         """
-        s, depth_max = self, verdict.depth_tested.shape[1]
+        depth_max = verdict.depth_tested.shape[1]
         depths = jnp.arange(1, depth_max + 1)[None]
         counted = depths <= num_new[:, None]  # [b, D]
         tested = verdict.depth_tested & counted
         accepted = tested & (depths <= verdict.n_accepted[:, None])
-        n_acc = jnp.sum(accepted, axis=1)
+        n_tested, n_acc = jnp.sum(tested, 1), jnp.sum(accepted, axis=1)
+        beta = jnp.sum(jnp.where(tested, verdict.beta, 0.0), 1)
+        s = self.count(active, n_tested, n_acc, beta, num_new, jnp.sum(valid, 1) - 1)
         rows = jnp.arange(num_new.shape[0])
-        return TreeStats(
-            num_iterations=s.num_iterations + active,
-            num_draft_tokens=s.num_draft_tokens + jnp.sum(tested, 1),
-            num_accepted=s.num_accepted + n_acc,
-            accept_histogram=s.accept_histogram
-            + jax.nn.one_hot(n_acc, depth_max + 1, dtype=jnp.int32) * active[:, None],
-            beta_sum=s.beta_sum + jnp.sum(jnp.where(tested, verdict.beta, 0.0), 1),
-            num_beta=s.num_beta + jnp.sum(tested, 1),
-            num_generated=s.num_generated + num_new,
-            num_proposed=s.num_proposed + jnp.where(active, jnp.sum(valid, 1) - 1, 0),
+        return s.replace(
             depth_tested=s.depth_tested + tested,
             depth_accepted=s.depth_accepted + accepted,
             rank_tested=s.rank_tested + (verdict.rank_tested & counted[..., None]),

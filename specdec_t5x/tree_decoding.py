@@ -1,7 +1,7 @@
 """Tree speculation's acceptance rules, the walk down the tree and the decode loop.
 
 `tree` defines the shapes, the node layout and the tree call; this module proposes the children
-(`propose_children`), verifies a tree per row (`verify_tree`) and runs the loop (`tree_sample`).
+(`propose_children`), verifies a tree per row (`verify_tree`) and builds the loop (`tree_iteration`).
 
 Acceptance rules (p = target, q = draft, both adjusted as in `sampling`; each keeps the target's
 distribution exactly, they differ in how often they accept). At a node with target distribution p
@@ -49,7 +49,6 @@ Worked example, tree (2, 1), 2 accepted (start = n - 1 = 2, last token b at posi
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -308,40 +307,6 @@ def _sampled_children(r, q_node, u, tokens, cur, first, allowed, rule):
     return chosen, found, tested, accepted, r
 
 
-def tree_sample(
-    inputs: Array,
-    target_cache: Any,
-    target_tokens_to_logits: tree_lib.TreeStep,
-    draft_cache: Any,
-    draft_tokens_to_logits: tree_lib.TreeStep,
-    eos_id: int,
-    *,
-    sampling: SamplingSettings,
-    speculation: Speculation,
-    decode_rng: Array | None = None,
-) -> tuple[Array, tree_lib.TreeStats]:
-    """Decodes with the target's exact output distribution, verifying a draft tree per call.
-
-    Reached through `speculative.speculative_sample(tree=...)`. The loop runs `tree_iteration`'s
-    body until every row is done; arguments and errors as `tree_iteration`'s.
-
-    Returns:
-      decodes int32 [batch, max_decode_len] and `tree_lib.TreeStats`.
-    """
-    init, body = tree_iteration(
-        inputs,
-        target_cache,
-        target_tokens_to_logits,
-        draft_cache,
-        draft_tokens_to_logits,
-        eos_id,
-        sampling=sampling,
-        speculation=speculation,
-        decode_rng=decode_rng,
-    )
-    return loop.run(body, init, inputs.shape[1])
-
-
 def tree_iteration(
     inputs: Array,
     target_cache: Any,
@@ -354,8 +319,8 @@ def tree_iteration(
     speculation: Speculation,
     decode_rng: Array | None = None,
 ) -> tuple[loop.LoopState, Any]:
-    """The tree loop's initial state and body (`tree_sample` runs the body until every row is done;
-    `scripts/profile_tree.py` times one body alone).
+    """The tree loop's initial state and body (`speculative.speculative_sample(tree=...)` runs the
+    body until every row is done; `experiments/trees/profile_tree.py` times one body alone).
 
     The target's exact output distribution, verifying a draft tree per call. One iteration
     per row: the draft expands the tree depth by depth (one call per depth, the frontier's nodes as
@@ -405,20 +370,11 @@ def tree_iteration(
             f"the caches hold {cache_slots} decoder slots; tree speculation needs at least "
             f"max_decode_len={max_len} (max_decode_len + {shape.num_nodes - 1} keeps trees whole)."
         )
-    stats = tree_lib.TreeStats.zeros(batch, shape)
-    init, limit = loop.start(inputs, steps_limit, shape.max_depth, target, draft, decode_rng, stats)
-    body = functools.partial(
-        _iteration,
-        target_fn=target_tokens_to_logits,
-        draft_fn=draft_tokens_to_logits,
-        eos_id=eos_id,
-        limit=limit,
-        cache_slots=cache_slots,
-        shape=shape,
-        rule=speculation.tree_rule or "without_replacement",
-        sampling=sampling,
-    )
-    return init, body
+    return loop.start(
+        _iteration, inputs, steps_limit, shape.max_depth, target, draft, eos_id, decode_rng,
+        tree_lib.TreeStats.zeros(batch, shape), cache_slots=cache_slots, shape=shape,
+        rule=speculation.tree_rule or "without_replacement", sampling=sampling,
+    )  # fmt: skip
 
 
 def _iteration(
