@@ -186,23 +186,37 @@ def _baseline_key(runs: dict) -> str:
     return "baseline" if "baseline" in runs else sorted(k for k in runs if "baseline" in k)[0]
 
 
+CALLS_FILE = "batch_calls.json"  # per decode call: row lengths and loop iterations (committed)
+
+
+def _calls(run_dir: pathlib.Path, max_len: int) -> tuple[list, dict]:
+    """(row lengths per call, {γ row: [(max, mean over rows) iterations per call]}) of a run,
+    from its records.jsonl (git-ignored: large), kept in `batch_calls.json` for later renders."""
+    records, kept = run_dir / "records.jsonl", run_dir / CALLS_FILE
+    if not records.exists():
+        data = json.loads(kept.read_text())
+        return data["lengths"], {k: [tuple(x) for x in v] for k, v in data["iterations"].items()}
+    lengths, iterations = [], {}
+    for line in records.read_text().splitlines():
+        runs = json.loads(line)["runs"]
+        base = runs[_baseline_key(runs)]
+        lengths.append([_row_length(t, max_len) for t in base["tokens"]])
+        for key, run in runs.items():
+            if "baseline" in key or "num_iterations" not in run.get("stats", {}):
+                continue
+            n = _stat(run["stats"], "num_iterations")
+            iterations.setdefault(key, []).append((int(n.max()), float(n.mean())))
+    kept.write_text(json.dumps({"lengths": lengths, "iterations": iterations}))
+    return lengths, iterations
+
+
 def read_run(run_dir: pathlib.Path) -> list[dict[str, Any]]:
     """One record per γ row of one eval run: the metrics and, from records.jsonl, each decode
     call's row lengths (the baseline's tokens) and loop iterations (max and mean over rows)."""
     metrics = json.loads((run_dir / "metrics.json").read_text())
     task = metrics["task"]
     batch, max_len = task["batch_size"], task["max_decode_len"]
-    calls = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
-    lengths, iterations = [], {}
-    for call in calls:
-        runs = call["runs"]
-        base = runs[_baseline_key(runs)]
-        lengths.append([_row_length(t, max_len) for t in base["tokens"]])
-        for key, run in runs.items():
-            if "baseline" in key or "stats" not in run or "num_iterations" not in run["stats"]:
-                continue
-            n = _stat(run["stats"], "num_iterations")
-            iterations.setdefault(key, []).append((int(n.max()), float(n.mean())))
+    lengths, iterations = _calls(run_dir, max_len)
     speed, costs = metrics["speed"], metrics.get("costs", {})
     out = []
     for key, row in metrics.get("gamma_sweep", {}).items():
