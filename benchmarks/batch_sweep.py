@@ -235,6 +235,7 @@ def read_run(run_dir: pathlib.Path) -> list[dict[str, Any]]:
                 "speculative_tokens_per_s": row.get("speculative_tokens_per_s"),
                 "identical": row.get("identical_fraction"),
                 "verify_per_step": costs.get("verify_cost_ratio"),  # the job's probe, headline γ
+                "c_job": costs.get("c_measured"),  # the job's probe at this batch, in the loop
                 "job_gamma": metrics["decoding"].get("gamma"),
                 "load": speed.get("busy_machine", {}).get("load"),
                 "loop_iterations": float(np.mean([m for m, _ in its])) if its else None,
@@ -249,8 +250,10 @@ def read_run(run_dir: pathlib.Path) -> list[dict[str, Any]]:
 
 
 def predict(record: dict[str, Any], costs: dict[str, Any] | None) -> dict[str, float | None]:
-    """The batch cost model for one record: with the probe's T(b, k) and d(b) ('predicted'), and
-    with a flat cost curve, T(b, k) = T(1, 1) and c at batch 1 ('flat': an accelerator's regime)."""
+    """The batch cost model for one record: with the probe's T(b, k) and d(b) = c_b T(b, 1)
+    ('predicted'; `costs['c_b']`, set by `render`: the median over the jobs at b of their own
+    in-loop c, else the probe's), and with a flat cost curve, T(b, k) = T(b, 1) and c of batch 1
+    ('flat': an accelerator's regime)."""
     out: dict[str, float | None] = {"predicted": None, "flat": None, "waste": None}
     g = record["gamma"]
     if g == "auto" or not str(g).isdigit() or record["alpha"] is None:
@@ -263,13 +266,13 @@ def predict(record: dict[str, Any], costs: dict[str, Any] | None) -> dict[str, f
     if costs and str(g + 1) in costs["T_ms"]:
         model = theory.batch_speedup_from_costs(
             record["lengths"], alpha, g, costs["T_ms"]["1"], costs["T_ms"][str(g + 1)],
-            costs["draft_step_ms"],
+            costs.get("c_b", costs["c_in_loop"]) * costs["T_ms"]["1"],
         )  # fmt: skip
         out["predicted"] = model["speedup"]
         out["verify_b"] = model["verify_cost_ratio_b"]
         out["c_b"] = model["c_b"]
     if costs is not None:
-        c1 = costs.get("c_at_batch_1")
+        c1 = costs.get("c_batch_1")
         if c1 is not None:
             out["flat"] = theory.batch_walltime_improvement(
                 alpha, g, c1, 1.0, waste["baseline_waste"], waste["speculative_waste_eq1"]
@@ -300,9 +303,16 @@ def render(out_dir: str) -> str:
     for path in glob.glob(str(root / "costs" / "b*.json")):
         c = json.loads(pathlib.Path(path).read_text())
         costs[int(c["batch"])] = c
+    # The draft's step at b: the median of the positive in-loop c's of the jobs at b and of the
+    # probe (a busy machine often times the draft's slope as 0), else of every job's positive c.
+    runs_c = {(r["run"], r["batch"], r["c_job"]) for r in records if (r["c_job"] or 0) > 0}
+    for b, c in costs.items():
+        here = [x for _, rb, x in runs_c if rb == b] + [c["c_in_loop"]] * (c["c_in_loop"] > 0)
+        c["c_b"] = _median(here) if here else (_median([x for *_, x in runs_c]) or 0.0)
+        c["draft_step_ms"] = c["c_b"] * c["T_ms"]["1"]
     if 1 in costs:
         for c in costs.values():
-            c["c_at_batch_1"] = costs[1]["c_in_loop"]
+            c["c_batch_1"] = costs[1]["c_b"]
     groups: dict[tuple, list] = {}
     for r in records:
         r.update(predict(r, costs.get(r["batch"])))
@@ -380,9 +390,11 @@ def render(out_dir: str) -> str:
             "## T(b, k): the target's cached call on b rows of k tokens (ms per call)",
             "",
             "The step timer's slopes (`timing.step_timer.step_costs`, jitted loops, median over "
-            "rounds), separate calls per batch; d(b) = the draft's step as the decode loop pays "
-            "it (c in the loop × T(b, 1)). Load average before and after each probe in the last "
-            "column.",
+            "rounds), separate calls per batch; d(b) = c_b × T(b, 1), c_b = the draft's step over "
+            "the target's as the decode loop pays them: the median of the positive in-loop c's "
+            "of the eval runs at b (the job's `c_measured`) and of this probe (a busy machine "
+            "often times the draft's slope as 0), else of every run's positive c. Load average "
+            "before and after each probe in the last column.",
             "",
             "| b | " + " | ".join(f"T(b,{k})" for k in ks) + " | T(b,1)/b per row | d(b) | c_b | "
             "T(b,γ+1)/T(b,1) | load |",
@@ -396,7 +408,7 @@ def render(out_dir: str) -> str:
                 f"| {b} | "
                 + " | ".join(_fmt(t.get(str(k)), ".3f") for k in ks)
                 + f" | {c['T_per_row_ms']:.3f} | {c['draft_step_ms']:.3f} | "
-                f"{c['c_in_loop']:.3f} | {t[top] / t['1']:.2f} (γ = {c['gamma']}) | "
+                f"{c['c_b']:.3f} | {t[top] / t['1']:.2f} (γ = {c['gamma']}) | "
                 + " → ".join(f"{x:.1f}" for x in c["load"])
                 + " |"
             )
