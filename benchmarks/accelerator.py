@@ -32,8 +32,9 @@ Measures (written to `DIR/<device>.json` and a Table-2-shaped `DIR/<device>.md`)
     decoder parameters except the cross-attention key/value kernels, plus the KV caches, divided by
     the measured device copy bandwidth), and what a 32128-way logits layer (T5's vocabulary, random
     weights) adds to a step compared with our 8192-way one.
-(d) batches (`accelerator_measure.batch_sweep`): the first 128 DDTP examples decoded b rows per
-    call for b in {1, 8, 32, 128} at T = 0 and the cost-model γ: speed, both loops' tokens/s,
+(d) batches (`accelerator_measure.batch_sweep`): the 64 DDTP examples of the tokens file decoded
+    b rows per call for b in {1, 8, 32, 128} (b = 128: each example twice in the one call, counted
+    once) at T = 0 and the cost-model γ: speed, both loops' tokens/s,
     tokens per target call per row, loop iterations per call (max over rows) vs the mean row's (the
     idle-row waste), identical fraction, T(b, 1), T(b, γ + 1) and d(b) at each batch, beside the
     batch cost model (`theory.batch_speedup_from_costs`). `--batch_sweep_only` runs (d) alone
@@ -137,7 +138,7 @@ SETTINGS = {
         # (d) batches: T = 0, the cost-model γ (the pilot γ with --batch_sweep_only), the first
         # `batch_examples` examples at every batch.
         "batch_sweep": (1, 8, 32, 128),
-        "batch_examples": 128,
+        "batch_examples": 64,  # every example of the tokens file; b = 128 holds each twice
     },
     "smoke": {
         "target": ("target_smoke", _shape(320, 5, 4, 5, 1024)),
