@@ -162,3 +162,14 @@ def test_step_costs_handle_k_beyond_max_decode_len():
     assert layout(6, (1, 8)) == (3, 11)
     with pytest.raises(ValueError, match="ks >= 1"):
         layout(64, (0, 2))
+
+
+def test_batch_sweep_only_writes_its_own_table(tmp_path):
+    result = accelerator.main(["--out_dir", str(tmp_path), "--smoke", "--batch_sweep_only"])
+    rows = result["batch_sweep"]["rows"]
+    assert [r["batch"] for r in rows] == [1, 2] and result["batch_sweep"]["gamma"] == 2
+    assert all(r["identical_fraction"] == 1.0 for r in rows)
+    saved = json.loads((tmp_path / "cpu_batch.json").read_text())
+    assert saved["batch_sweep"]["rows"][1]["batch"] == 2
+    table = (tmp_path / "cpu_batch.md").read_text()
+    assert "## (d) Batches (T = 0, γ = 2" in table and "| 1 | 3 |" in table
