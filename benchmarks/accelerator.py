@@ -32,6 +32,13 @@ Measures (written to `DIR/<device>.json` and a Table-2-shaped `DIR/<device>.md`)
     decoder parameters except the cross-attention key/value kernels, plus the KV caches, divided by
     the measured device copy bandwidth), and what a 32128-way logits layer (T5's vocabulary, random
     weights) adds to a step compared with our 8192-way one.
+(d) batches (`accelerator_measure.batch_sweep`): the 64 DDTP examples of the tokens file decoded
+    b rows per call for b in {1, 8, 32, 128} (b = 128: each example twice in the one call, counted
+    once) at T = 0 and the cost-model γ: speed, both loops' tokens/s,
+    tokens per target call per row, loop iterations per call (max over rows) vs the mean row's (the
+    idle-row waste), identical fraction, T(b, 1), T(b, γ + 1) and d(b) at each batch, beside the
+    batch cost model (`theory.batch_speedup_from_costs`). `--batch_sweep_only` runs (d) alone
+    (after the widening) at the pilot γ, into `DIR/<device>_batch.json` and `.md`.
 
 This module builds the models and settings, runs the phases and writes the report; the measurements
 themselves are in `accelerator_measure`. Imports only JAX-side modules (jax, flax, numpy, msgpack
@@ -128,6 +135,10 @@ SETTINGS = {
         "steps_per_call": 8,
         "copy_mib": 2048,
         "budget_s": 480,
+        # (d) batches: T = 0, the cost-model γ (the pilot γ with --batch_sweep_only), the first
+        # `batch_examples` examples at every batch.
+        "batch_sweep": (1, 8, 32, 128),
+        "batch_examples": 64,  # every example of the tokens file; b = 128 holds each twice
     },
     "smoke": {
         "target": ("target_smoke", _shape(320, 5, 4, 5, 1024)),
@@ -145,6 +156,8 @@ SETTINGS = {
         "steps_per_call": 2,
         "copy_mib": 4,
         "budget_s": 600,
+        "batch_sweep": (1, 2),
+        "batch_examples": 3,  # a ragged last call at batch 2
     },
 }
 
@@ -189,10 +202,87 @@ def widened_params(name: str, shape: network.T5Config) -> tuple[network.T5Config
 # Driver and output.
 
 
+def run_batch_sweep(
+    out_dir: str, smoke: bool, tokens_file: str, command: str, commit: str | None = None
+) -> dict[str, Any]:
+    """(d) alone (`--batch_sweep_only`): the batch sweep at the pilot γ, written to
+    `out_dir/<device>_batch.json` and `.md`; returns the result."""
+    s = SETTINGS["smoke" if smoke else "paper"]
+    budget = Budget(s["budget_s"])
+    data = export_tokens.read_tokens(tokens_file)
+    target_name, target_shape = s["target"]
+    draft_name, draft_shape = next(iter(s["drafts"].items()))
+    target = widened_params("embedded_ende_target", target_shape)
+    draft = widened_params("embedded_ende_draft", draft_shape)
+    budget.log("widen + load (bfloat16 on device)")
+    sweep = measure.batch_sweep(target, draft, data["inputs"], s, budget, s["pilot_gamma"])
+    result = {
+        "device": str(jax.devices()[0].device_kind),
+        "jax_version": jax.__version__,
+        "command": command,
+        "commit": commit or provenance.git_commit(),
+        "date": provenance.utc_date(),
+        "hardware": provenance.hardware_info(),
+        "smoke": smoke,
+        "target": {"name": target_name, "params": random_pair.count_params(target[1])},
+        "draft": draft_name,
+        "batch_sweep": sweep,
+        "total_s": round(budget.elapsed(), 1),
+    }
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    name = device_name() + "_batch"
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    header = [
+        f"# Speculative decoding at batch b on {result['device']} (widened models, bfloat16)",
+        "",
+        f"- command: `{command}`; commit `{result['commit']}`; jax {jax.__version__}; "
+        f"{result['date']}; target {target_name} ({result['target']['params'] / 1e9:.2f}B), "
+        f"draft {draft_name}",
+    ]
+    (out / f"{name}.md").write_text("\n".join(header) + "\n" + batch_markdown(sweep))
+    budget.log(f"wrote {out / name}.json and .md")
+    return result
+
+
+def batch_markdown(sweep: dict[str, Any]) -> str:
+    """The (d) table: one row per batch size."""
+    lines = [
+        "",
+        f"## (d) Batches (T = 0, γ = {sweep['gamma']}, the same examples at every batch)",
+        "",
+        "| b | examples | speed | predicted (batch model) | flat-T model | baseline tok/s "
+        "| speculative tok/s | tokens/call/row | iterations per call: loop / mean row (model) "
+        "| baseline steps: loop / mean row | α | T(b,1) ms | T(b,γ+1)/T(b,1) | c_b | identical |",
+        "|" + "---|" * 15,
+    ]
+    for r in sweep["rows"]:
+        loop, row = r["loop_iterations"], r["row_iterations"]
+        lines.append(
+            f"| {r['batch']} | {r['num_examples']} | {r['speedup']:.2f}X "
+            f"| {r['predicted_speedup']:.2f}X | {r['predicted_speedup_flat']:.2f}X "
+            f"| {r['baseline_tokens_per_s']:.0f} | {r['speculative_tokens_per_s']:.0f} "
+            f"| {r['tokens_per_call_per_row']:.2f} | {loop:.1f} / {row:.1f} = {loop / row:.2f} "
+            f"({r['predicted_waste']:.2f}) | {r['baseline_waste']:.2f} | {r['alpha']:.2f} "
+            f"| {r['T_ms']['1']:.3f} | {r['verify_cost_ratio']:.2f} | {r['c']:.3f} "
+            f"| {r['identical_fraction']:.2f} |"
+        )
+    lines += [
+        "",
+        "predicted: `theory.batch_speedup_from_costs` (α and the rows' lengths of this run, "
+        "T(b, 1), T(b, γ+1), d(b) measured at b); flat-T: `theory.batch_walltime_improvement` "
+        "with T(b, k) = T(b, 1) and batch 1's c. Iterations per call: the speculative loop's "
+        "(max over rows) over the mean row's: the idle-row waste.",
+    ]
+    if sweep.get("skipped_for_budget"):
+        lines.append(f"- batches skipped for the time budget: {sweep['skipped_for_budget']}")
+    return "\n".join(lines) + "\n"
+
+
 def run_benchmark(
     out_dir: str, smoke: bool, tokens_file: str, command: str, commit: str | None = None
 ) -> dict[str, Any]:
-    """Runs (a), (c), (b) and writes `out_dir/<device>.json` and `.md`; returns the result."""
+    """Runs (a), (c), (b), (d) and writes `out_dir/<device>.json` and `.md`; returns the result."""
     s = SETTINGS["smoke" if smoke else "paper"]
     budget = Budget(s["budget_s"])
     data = export_tokens.read_tokens(tokens_file)
@@ -229,6 +319,10 @@ def run_benchmark(
     e2e = measure.end_to_end(
         loaded["target"], loaded[first_draft], data["inputs"], s, costs, budget
     )
+    sweep = measure.batch_sweep(
+        loaded["target"], loaded[first_draft], data["inputs"], s, budget,
+        e2e["cost_model"]["0"]["gamma"],
+    )  # fmt: skip
     result = {
         "device": str(jax.devices()[0].device_kind),
         "devices": [str(d) for d in jax.devices()],
@@ -254,6 +348,7 @@ def run_benchmark(
         "step_costs": costs,
         "floor": floor,
         "end_to_end": e2e,
+        "batch_sweep": sweep,
         "budget_phases_s": {k: v for k, v in budget.phases.items() if not k.startswith("_")},
         "total_s": round(budget.elapsed(), 1),
     }
@@ -371,7 +466,8 @@ def markdown(r: dict[str, Any]) -> str:
     skipped = r["end_to_end"]["cost_model"].get("skipped_for_budget")
     if skipped:
         lines.append(f"- skipped for the time budget (T, γ or tree): {skipped}")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    return text + (batch_markdown(r["batch_sweep"]) if r.get("batch_sweep") else "")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -381,8 +477,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, a few seconds of work")
     parser.add_argument("--tokens", default=str(TOKENS_FILE), help="export_tokens .npz file")
     parser.add_argument("--commit", help="commit to record where the tree has no .git (a copy)")
+    parser.add_argument(
+        "--batch_sweep_only", action="store_true", help="only (d), the batch sweep, at the pilot γ"
+    )
     args = parser.parse_args(argv)
     command = "python -m benchmarks.accelerator " + " ".join(argv)
+    if args.batch_sweep_only:
+        return run_batch_sweep(args.out_dir, args.smoke, args.tokens, command, args.commit)
     return run_benchmark(args.out_dir, args.smoke, args.tokens, command, args.commit)
 
 

@@ -409,3 +409,131 @@ def end_to_end(target, draft, tokens, s, costs, budget) -> dict[str, Any]:
         "num_examples": n,
         "compile_s": compile_s,
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# (d) Batches: the same examples decoded b rows per call, exact per-row acceptance in one loop.
+
+
+def _row_lengths(tokens: np.ndarray, eos_id: int, max_len: int) -> list[int]:
+    """Output length of each row of int [b, max_len] tokens, EOS counted (max_len without)."""
+    out = []
+    for row in np.asarray(tokens):
+        hits = np.flatnonzero(row == eos_id)
+        out.append(int(hits[0]) + 1 if hits.size else max_len)
+    return out
+
+
+def batch_sweep(target, draft, tokens, s, budget, gamma: int) -> dict[str, Any]:
+    """Baseline vs speculative at T = 0 and γ, the first `batch_examples` examples decoded b rows
+    per call (input order, as T5X's infer batches them) for every b in `s['batch_sweep']`.
+
+    Per b: T(b, 1), T(b, γ + 1) and the draft's step d(b) (`step_costs` at that batch), the timed
+    calls (baseline and speculative interleaved per call in a seeded order, `clock.call_order`),
+    α, tokens per target call per row, loop iterations per call (max over rows) against the mean
+    row's, identical fraction, both loops' tokens/s, and the batch cost model's prediction
+    (`theory.batch_speedup_from_costs` with the rows' lengths and α; and with a flat T(b, k) =
+    T(b, 1), c of batch 1). A batch is skipped (listed in 'skipped_for_budget') when the budget
+    left is under twice the seconds its predecessor took.
+
+    Returns:
+      {'gamma', 'rows': [...], 'skipped_for_budget': [b, ...]}.
+    """
+    (tcfg, tparams), (dcfg, dparams) = target, draft
+    spec = models.SpeculativeEncoderDecoderModel(
+        network.Transformer(tcfg), drafts.T5Draft(network.Transformer(dcfg), dparams)
+    )
+    base = models.EncoderDecoderModel(spec.module)
+    max_len, n = s["max_decode_len"], min(s["batch_examples"], len(tokens))
+    settings = {"temperature": 0.0, "topk": 0, "topp": 0.0}
+    base_fn = jax.jit(
+        lambda tp, b, r: base.predict_batch_with_aux(tp, b, r, decoder_params=settings)[0]
+    )
+    spec_fn = jax.jit(
+        lambda tp, dp, b, r: spec.predict_batch_with_aux(
+            tp, b, r, decoder_params={**settings, "gamma": gamma}, draft_params=dp
+        )
+    )
+    rows, skipped, last_s = [], [], 0.0
+    c1 = None
+    for b in s["batch_sweep"]:
+        if rows and budget.left() < 2.0 * last_s:
+            skipped.append(b)
+            continue
+        start = time.perf_counter()
+        sub = {**s, "batches": (b,), "ks": tuple(sorted({1, gamma + 1}))}
+        cost = step_costs({"target": target, "draft": draft}, np.asarray(tokens), sub, budget)
+        cost = cost[str(b)]
+        t1, tv = cost["target_step_ms"]["1"], cost["target_step_ms"][str(gamma + 1)]
+        d = cost["draft_step_ms"]["draft"]
+        c1 = cost["c"]["draft"] if c1 is None else c1  # the first batch's c (batch 1 first)
+        calls = [
+            {
+                "encoder_input_tokens": jnp.asarray(
+                    np.resize(tokens[i : i + b], (b, tokens.shape[1]))
+                ),
+                "decoder_input_tokens": jnp.zeros((b, max_len), jnp.int32),
+            }
+            for i in range(0, n, b)
+        ]
+        fns = {
+            "baseline": lambda batch, rng: (base_fn(tparams, batch, rng), None),
+            "speculative": lambda batch, rng: (
+                lambda out: (out[0], out[1]["stats"])
+            )(spec_fn(tparams, dparams, batch, rng)),
+        }  # fmt: skip
+        for fn in fns.values():  # compile + warm up, untimed
+            jax.block_until_ready(fn(calls[0], jax.random.PRNGKey(0)))
+        seconds = {k: 0.0 for k in fns}
+        lengths, iters, same, stats = [], [], [], []
+        for i, batch in enumerate(calls):
+            outs = {}
+            rng = jax.random.PRNGKey(i)
+            for key in clock.call_order(list(fns), i):
+                t0 = time.perf_counter()
+                outs[key] = jax.block_until_ready(fns[key](batch, rng))
+                seconds[key] += time.perf_counter() - t0
+            rows_here = min(b, n - i)  # a ragged last call repeats rows: count the real ones
+            base_tok = np.asarray(outs["baseline"][0])[:rows_here]
+            spec_tok = np.asarray(outs["speculative"][0])[:rows_here]
+            st = jax.tree_util.tree_map(np.asarray, outs["speculative"][1])
+            stats.append(st)
+            lengths.append(_row_lengths(base_tok, spec.eos_id, max_len))
+            its = np.asarray(st.num_iterations)
+            iters.append((int(its.max()), float(its[:rows_here].mean())))
+            same += [bool(np.array_equal(x, y)) for x, y in zip(base_tok, spec_tok, strict=True)]
+        summary = _stats_summary(stats)
+        alpha = min(summary["alpha_counted"], 1.0)
+        model = theory.batch_speedup_from_costs(lengths, alpha, gamma, t1, tv, d)
+        waste = theory.batch_waste(lengths, alpha, gamma)
+        generated = float(sum(sum(x) for x in lengths))
+        rows.append(
+            {
+                "batch": b,
+                "num_examples": n,
+                "gamma": gamma,
+                "baseline_s": seconds["baseline"],
+                "speculative_s": seconds["speculative"],
+                "speedup": seconds["baseline"] / seconds["speculative"],
+                "baseline_tokens_per_s": generated / seconds["baseline"],
+                "speculative_tokens_per_s": generated / seconds["speculative"],
+                "alpha": summary["alpha_counted"],
+                "tokens_per_call_per_row": summary["tokens_per_iteration"],
+                "loop_iterations": float(np.mean([m for m, _ in iters])),
+                "row_iterations": float(np.mean([r for _, r in iters])),
+                "identical_fraction": float(np.mean(same)),
+                "T_ms": {"1": t1, str(gamma + 1): tv},
+                "draft_step_ms": d,
+                "verify_cost_ratio": tv / t1,
+                "c": d / t1,
+                "predicted_speedup": model["speedup"],
+                "predicted_waste": waste["speculative_waste"],
+                "baseline_waste": waste["baseline_waste"],
+                "predicted_speedup_flat": theory.batch_walltime_improvement(
+                    alpha, gamma, c1, 1.0, waste["baseline_waste"], waste["speculative_waste_eq1"]
+                ),
+            }
+        )
+        last_s = time.perf_counter() - start
+        budget.log(f"(d) batch {b}: {rows[-1]['speedup']:.2f}X")
+    return {"gamma": gamma, "rows": rows, "skipped_for_budget": skipped}

@@ -74,6 +74,15 @@ def test_smoke_runs_without_gin_seqio_tf_and_writes_results(tmp_path):
         assert f"| small_smoke | {temperature} | tree(2,1) | 5 |" in table  # the Table 2 rows
         assert f"| {temperature} | tree(2,1) | 5 |" in table  # acceptance per depth and rank
     assert "T(2)" in table and "per depth | per rank |" in table
+    # (d) the batch sweep: batches 1 and 2 on the same 3 examples (a ragged last call at 2).
+    sweep = result["batch_sweep"]
+    assert [r["batch"] for r in sweep["rows"]] == [1, 2] and not sweep["skipped_for_budget"]
+    for row in sweep["rows"]:
+        assert row["identical_fraction"] == 1.0 and row["num_examples"] == 3
+        assert row["loop_iterations"] >= row["row_iterations"] >= 1.0
+        assert row["speedup"] > 0 and row["predicted_speedup"] > 0
+        assert row["T_ms"]["1"] > 0 and row["baseline_tokens_per_s"] > 0
+    assert "## (d) Batches (T = 0, γ = " in table and "| 2 | 3 |" in table
 
 
 def test_cost_model_gamma_uses_measured_verify_cost():
@@ -153,3 +162,14 @@ def test_step_costs_handle_k_beyond_max_decode_len():
     assert layout(6, (1, 8)) == (3, 11)
     with pytest.raises(ValueError, match="ks >= 1"):
         layout(64, (0, 2))
+
+
+def test_batch_sweep_only_writes_its_own_table(tmp_path):
+    result = accelerator.main(["--out_dir", str(tmp_path), "--smoke", "--batch_sweep_only"])
+    rows = result["batch_sweep"]["rows"]
+    assert [r["batch"] for r in rows] == [1, 2] and result["batch_sweep"]["gamma"] == 2
+    assert all(r["identical_fraction"] == 1.0 for r in rows)
+    saved = json.loads((tmp_path / "cpu_batch.json").read_text())
+    assert saved["batch_sweep"]["rows"][1]["batch"] == 2
+    table = (tmp_path / "cpu_batch.md").read_text()
+    assert "## (d) Batches (T = 0, γ = 2" in table and "| 1 | 3 |" in table
