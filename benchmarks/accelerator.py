@@ -481,6 +481,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--batch_sweep_only", action="store_true", help="only (d), the batch sweep, at the pilot γ"
     )
     args = parser.parse_args(argv)
+    if not args.smoke and jax.default_backend() == "cpu":
+        parser.exit(
+            2,
+            "error: the full benchmark widens the target to T5 1.1 XXL (~10.7B parameters) and "
+            "needs an accelerator; JAX sees only the CPU here (add --smoke for tiny shapes).\n",
+        )
     command = "python -m benchmarks.accelerator " + " ".join(argv)
     if args.batch_sweep_only:
         return run_batch_sweep(args.out_dir, args.smoke, args.tokens, command, args.commit)

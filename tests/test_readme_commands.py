@@ -282,3 +282,18 @@ def test_accelerator_benchmark_as_written_runs_in_its_own_test():
     other = (ROOT / "tests" / "test_accelerator.py").read_text()
     assert "def test_smoke_runs_without_gin_seqio_tf_and_writes_results(" in other
     assert "accelerator.main(['--out_dir', {str(tmp_path)!r}, '--smoke'])" in other
+
+
+def test_accelerator_benchmark_as_written_stops_in_one_line_without_an_accelerator(tmp_path):
+    """As the README shows it (no `--smoke`), on a machine whose JAX sees only the CPU, the
+    benchmark stops at once with one `error:` line instead of building a 10.7B model."""
+    argv = shlex.split(ACCELERATOR)
+    argv[argv.index("--out_dir") + 1] = str(tmp_path / "accelerator")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    ran = subprocess.run(
+        [sys.executable, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert ran.returncode == 2, ran.stderr[-2000:]
+    lines = [line for line in ran.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: the full benchmark") and "--smoke" in lines[-1]
+    assert "Traceback" not in ran.stderr and not (tmp_path / "accelerator").exists()
