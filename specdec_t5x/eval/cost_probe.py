@@ -18,7 +18,7 @@ import numpy as np
 from specdec_t5x import models
 from specdec_t5x.eval import costs as costs_lib
 from specdec_t5x.eval import rows
-from specdec_t5x.timing import loops, overheads
+from specdec_t5x.timing import loops, overheads, step_timer
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def measure(
       reasons, empty when the measurement is sound), the loop-work dict or None).
     """
     first = batches[0][1]["encoder_input_tokens"]
-    costs = loops.measure_step_costs(
+    costs = step_timer.step_costs(
         spec_model, target_params, draft_params, first, target_len, gamma, repeats=repeats
     )
     work = None
