@@ -26,20 +26,11 @@ from specdec_t5x.timing import clock, overheads, step_timer
 Array = jax.Array
 
 
-def loop_costs(
-    spec_model,
-    target_params,
-    draft_params,
-    encoder_input_tokens: Array | Sequence[Array],
-    max_decode_len: int,
-    gamma: int,
-    settings: Mapping[str, Any],
-    timer_costs: Mapping[str, Any] | None = None,
-    *,
-    repeats: int = 15,
-    verification: str = "token",
-    baseline_sampler: str = "t5x",
-) -> dict[str, Any]:
+def loop_costs(spec_model, target_params, draft_params,
+               encoder_input_tokens: Array | Sequence[Array], max_decode_len: int, gamma: int,
+               settings: Mapping[str, Any], timer_costs: Mapping[str, Any] | None = None, *,
+               repeats: int = 15, verification: str = "token",
+               baseline_sampler: str = "t5x") -> dict[str, Any]:  # fmt: skip
     """Theorem 3.8's step costs as the real decode loops pay them: T(1), the verify call and c.
 
     On caches built once from each source (set-up not timed), the baseline loop (T(1) per token),
@@ -247,13 +238,10 @@ class ZeroCostDraft(drafts.Draft):
 RUN_COST_CALLS = ("baseline", "speculative", "verify_only")
 
 
-def run_costs(
-    seconds: Mapping[tuple[str, str], Sequence[float]],
-    units: Mapping[tuple[str, str], Sequence[int]],
-    gamma: int,
-    loop_work_ms: Mapping[str, float],
-    timer_costs: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+def run_costs(seconds: Mapping[tuple[str, str], Sequence[float]],
+              units: Mapping[tuple[str, str], Sequence[int]], gamma: int,
+              loop_work_ms: Mapping[str, float],
+              timer_costs: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Theorem 3.8's step costs from the run's own decode calls: T(1), the verify call and c.
 
     Per batch the eval job times each of `RUN_COST_CALLS` (the baseline; the speculative call at
