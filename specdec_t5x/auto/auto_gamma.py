@@ -78,30 +78,17 @@ class AutoGammaDecoder:
     `calibration` says where the curve came from ('source'), its seconds and rounds.
     """
 
-    def __init__(
-        self,
-        spec_model,
-        target_params,
-        draft_params=None,
-        *,
-        settings: Mapping[str, Any],
-        gamma_max: int = 8,
-        verification: str = "token",
-        draft_confidence_threshold: float = 0.0,
-        prior_alpha: float | None = None,
-        cost_repeats: int = 20,
-        calibration_rounds: int = 4,
-        curve: cost_curve.CostCurve | None = None,
-        config: gamma_controller.GammaConfig | None = None,
-        baseline_sampler: str = "t5x",
-        trees: Sequence[Sequence[int]] = (),
-        tree_rule: str = "without_replacement",
-        clock: Callable[[], float] | None = None,
-        gate: speculation_gate.GateConfig | bool | None = True,
-        cost_cache: Any = None,
-        expected_calls: int | None = None,
-        calibration_share: float | None = None,
-    ):
+    def __init__(self, spec_model, target_params, draft_params=None, *,
+                 settings: Mapping[str, Any], gamma_max: int = 8, verification: str = "token",
+                 draft_confidence_threshold: float = 0.0, prior_alpha: float | None = None,
+                 cost_repeats: int = 20, calibration_rounds: int = 4,
+                 curve: cost_curve.CostCurve | None = None,
+                 config: gamma_controller.GammaConfig | None = None,
+                 baseline_sampler: str = "t5x", trees: Sequence[Sequence[int]] = (),
+                 tree_rule: str = "without_replacement",
+                 clock: Callable[[], float] | None = None,
+                 gate: speculation_gate.GateConfig | bool | None = True, cost_cache: Any = None,
+                 expected_calls: int | None = None, calibration_share: float | None = None):  # fmt: skip
         if not isinstance(gamma_max, int) or gamma_max < 1:
             raise ValueError(f"gamma_max must be an int >= 1; got gamma_max={gamma_max!r}.")
         if not isinstance(calibration_rounds, int) or calibration_rounds < 0:
@@ -167,14 +154,7 @@ class AutoGammaDecoder:
 
     def _fn(self, gamma):
         if gamma not in self._fns:
-            if isinstance(gamma, tuple):  # a tree: one target call verifies all its nodes
-                params = {**self.settings, "tree": gamma, "tree_rule": self.tree_rule}
-                self._fns[gamma] = jax.jit(
-                    lambda tp, dp, b, rng: self.spec_model.predict_batch_with_aux(
-                        tp, b, rng, decoder_params=params, draft_params=dp
-                    )
-                )
-            elif gamma == 0:
+            if not isinstance(gamma, tuple) and gamma == 0:  # the draft's parameters stay out of it
                 params = dict(self.settings)
                 fn = jax.jit(
                     lambda tp, b, rng: (
@@ -182,21 +162,19 @@ class AutoGammaDecoder:
                         {},
                     )
                 )
-                # The draft's parameters are not passed to the baseline's jitted function (each
-                # argument leaf costs dispatch time in every call).
                 self._fns[0] = lambda tp, dp, b, rng: fn(tp, b, rng)
+                return self._fns[0]
+            if isinstance(gamma, tuple):  # a tree: one target call verifies all its nodes
+                extra = {"tree": gamma, "tree_rule": self.tree_rule}
             else:
-                params = {
-                    **self.settings,
-                    "gamma": gamma,
-                    "verification": self.verification,
-                    "draft_confidence_threshold": self.threshold,
-                }
-                self._fns[gamma] = jax.jit(
-                    lambda tp, dp, b, rng: self.spec_model.predict_batch_with_aux(
-                        tp, b, rng, decoder_params=params, draft_params=dp
-                    )
+                extra = {"gamma": gamma, "verification": self.verification,
+                         "draft_confidence_threshold": self.threshold}  # fmt: skip
+            params = {**self.settings, **extra}
+            self._fns[gamma] = jax.jit(
+                lambda tp, dp, b, rng: self.spec_model.predict_batch_with_aux(
+                    tp, b, rng, decoder_params=params, draft_params=dp
                 )
+            )
         return self._fns[gamma]
 
     @property
@@ -274,18 +252,11 @@ class AutoGammaDecoder:
                     calls = self._calibration_calls(batch)
             else:
                 curve = cost_curve.measure_cost_curve(
-                    self.spec_model,
-                    self.target_params,
-                    self.draft_params,
-                    enc,
-                    max_len,
-                    self.gamma_max,
-                    self.settings,
-                    self.verification,
-                    self._repeats(),
+                    self.spec_model, self.target_params, self.draft_params, enc, max_len,
+                    self.gamma_max, self.settings, self.verification, self._repeats(),
                     baseline_sampler=self.baseline_sampler,
                     progress=lambda stage: setattr(beat, "stage", f"cost curve: {stage}"),
-                )
+                )  # fmt: skip
                 calls = self._calibration_calls(batch) if self._rounds() else {}
                 # The trees have no modelled call to calibrate; a γ may have no call left when
                 # the budget stopped the rounds.
@@ -311,12 +282,9 @@ class AutoGammaDecoder:
             self.calibration["seconds"],
         )
         self.controller = self._controller(curve)
-        # The calibration's baseline calls are real timed calls: they time the baseline, so
-        # the run itself spends no call on that (each would cost the speed-up it forgoes).
+        # The calibration's calls time the baseline (ρ_b) and each γ (ρ_s) at the same moment.
         for seconds, longest, _ in calls.get(0, []):
             self.controller.time_baseline(seconds, longest)
-        # ... and its speculative calls time each γ the same way (ρ_s), so that ρ_s and ρ_b
-        # start from calls of the same moment (see `gamma_controller.GammaController.time_speculative`).
         for gamma in sorted(g for g in calls if isinstance(g, int) and g > 0):
             for seconds, longest, iterations in calls[gamma]:
                 self.controller.time_speculative(gamma, seconds, longest, iterations)
@@ -345,11 +313,9 @@ class AutoGammaDecoder:
         for r in range(-1, rounds):
             if r >= (1 if self.trees else 0) and budget is not None and spent + last > budget:
                 logger.info(
-                    "auto γ: calibration stopped after %d of %d rounds (budget %.1f s)",
-                    r,
-                    rounds,
+                    "auto γ: calibration stopped after %d of %d rounds (budget %.1f s)", r, rounds,
                     budget,
-                )
+                )  # fmt: skip
                 break
             if beat is not None:
                 beat.stage = "calibration warm-up round" if r < 0 else f"calibration round {r + 1}"

@@ -28,31 +28,19 @@ from specdec_t5x.timing import overheads
 Array = jax.Array
 
 
-def compose(
-    *,
-    gamma: int,
-    num_calls: int,
-    baseline_tokens: int,
-    iterations: int,
-    target_step_ms: float,
-    draft_step_ms: float,
-    verify_step_ms: float,
-    setup: Mapping[str, float],
-    loop: Mapping[str, float],
-    baseline_seconds: float | None = None,
-    speculative_seconds: float | None = None,
-) -> dict[str, Any]:
-    """Composes the run's predicted times (ms) from component costs and counted calls/tokens.
+def compose(*, gamma: int, num_calls: int, baseline_tokens: int, iterations: int,
+            target_step_ms: float, draft_step_ms: float, verify_step_ms: float,
+            setup: Mapping[str, float], loop: Mapping[str, float],
+            baseline_seconds: float | None = None,
+            speculative_seconds: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """The run's predicted times (ms), composed from component costs and counted calls.
 
     Args:
-      gamma: γ.
-      num_calls: decode calls (batches) in the run; set-up and fixed costs are paid per call.
-      baseline_tokens: tokens the baseline generated (target calls of the baseline), whole run.
-      iterations: speculative iterations (target verify calls), whole run.
+      gamma: γ; num_calls: decode calls (set-up and fixed costs are paid per call);
+      baseline_tokens: the baseline's target calls; iterations: speculative iterations (whole run).
       target_step_ms, draft_step_ms, verify_step_ms: in-loop model costs per call (ms).
-      setup: `measure_setup_ms` result; loop: `measure_loop_ms` result.
-      baseline_seconds, speculative_seconds: measured totals, only to report the residual
-        (never used in the prediction).
+      setup: `overheads.measure_setup_ms`'s dict; loop: `overheads.measure_loop_ms`'s.
+      baseline_seconds, speculative_seconds: measured totals, only for the residuals.
 
     Returns:
       {'baseline': {component: ms}, 'speculative': {component: ms}, 'baseline_ms',
@@ -60,18 +48,11 @@ def compose(
       'speculative_residual_ms' (measured − composed)}.
 
     Raises:
-      ValueError: a negative count or cost.
+      ValueError: gamma < 1, or a negative count or cost.
     """
-    values = dict(
-        num_calls=num_calls,
-        baseline_tokens=baseline_tokens,
-        iterations=iterations,
-        target_step_ms=target_step_ms,
-        draft_step_ms=draft_step_ms,
-        verify_step_ms=verify_step_ms,
-        **setup,
-        **loop,
-    )
+    values = dict(num_calls=num_calls, baseline_tokens=baseline_tokens, iterations=iterations,
+                  target_step_ms=target_step_ms, draft_step_ms=draft_step_ms,
+                  verify_step_ms=verify_step_ms, **setup, **loop)  # fmt: skip
     bad = {k: v for k, v in values.items() if not v >= 0}
     if bad or gamma < 1:
         raise ValueError(
@@ -106,17 +87,9 @@ def compose(
 
 
 def per_call_counts(runs, gamma, eos_id: int, rows_per_call: list[int]) -> dict[str, int]:
-    """Counted baseline tokens and speculative iterations, per decode call (longest row of each).
-
-    Args:
-      runs: `summary.Run` records {'baseline': Run, γ: Run}, examples in call order.
-      gamma: the γ key; eos_id: EOS id; rows_per_call: examples per call, in order.
-
-    Returns:
-      {'baseline_tokens', 'iterations', 'speculative_tokens'} summed over calls (with batch 1,
-      the plain totals).
-    """
-
+    """{'baseline_tokens', 'iterations', 'speculative_tokens'}: each call's longest row's,
+    summed over calls (`runs`: `summary.Run` records {'baseline', γ}, examples in call order;
+    `rows_per_call`: examples per call)."""
     out, start = {"baseline_tokens": 0, "iterations": 0, "speculative_tokens": 0}, 0
     for n in rows_per_call:
         rows = range(start, start + n)
@@ -130,21 +103,11 @@ def per_call_counts(runs, gamma, eos_id: int, rows_per_call: list[int]) -> dict[
     return out
 
 
-def eval_time_budget(
-    spec_model,
-    target_params,
-    draft_params,
-    batch: Mapping[str, Array],
-    metrics,
-    runs,
-    rows_per_call: list[int],
-    *,
-    gamma: int,
-    settings: Mapping[str, Any],
-    repeats: int = 20,
-    sources: Sequence[Array] | None = None,
-    loop: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
+def eval_time_budget(spec_model, target_params, draft_params, batch: Mapping[str, Array],
+                     metrics, runs, rows_per_call: list[int], *, gamma: int,
+                     settings: Mapping[str, Any], repeats: int = 20,
+                     sources: Sequence[Array] | None = None,
+                     loop: Mapping[str, float] | None = None) -> dict[str, Any]:  # fmt: skip
     """The eval job's time budget: component costs measured on `batch`'s shapes, composed.
 
     The model calls are the job's costs (`metrics['step_costs']`: T(1), c and verify/step); the
@@ -177,21 +140,15 @@ def eval_time_budget(
     # Thm 3.8 with the measured verify cost exactly.
     target_ms = costs["target_step_ms"]
     model = dict(
-        gamma=gamma,
-        num_calls=len(rows_per_call),
-        baseline_tokens=counts["baseline_tokens"],
-        target_step_ms=target_ms,
-        draft_step_ms=target_ms * costs["c"],
+        gamma=gamma, num_calls=len(rows_per_call), baseline_tokens=counts["baseline_tokens"],
+        target_step_ms=target_ms, draft_step_ms=target_ms * costs["c"],
         verify_step_ms=target_ms * costs["verify_cost_ratio"],
-        setup={k: setup[k] for k in ("target_setup_ms", "draft_setup_ms")},
-        loop=loop,
-    )
+        setup={k: setup[k] for k in ("target_setup_ms", "draft_setup_ms")}, loop=loop,
+    )  # fmt: skip
     out = compose(
-        iterations=counts["iterations"],
-        baseline_seconds=metrics["baseline_seconds"],
-        speculative_seconds=metrics["speculative_seconds"],
-        **model,
-    )
+        iterations=counts["iterations"], baseline_seconds=metrics["baseline_seconds"],
+        speculative_seconds=metrics["speculative_seconds"], **model,
+    )  # fmt: skip
     per_iteration = metrics["expected_tokens_per_iteration_eq1"]  # Eq. 1 at α (α = 1 allowed)
     alpha_iterations = counts["speculative_tokens"] / per_iteration
     speedup = lambda **kw: compose(**{**model, **kw})["predicted_speedup"]  # noqa: E731
