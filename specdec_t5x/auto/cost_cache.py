@@ -32,25 +32,10 @@ DEFAULT_DIR = pathlib.Path.home() / ".cache" / "specdec_t5x" / "cost_curves"
 FORMAT = 1  # the cache file's layout; bump to drop every older entry
 
 # Modules whose code decides what a cost curve measures (any edit invalidates the cache).
-_CODE = (
-    "timing/cost_curve.py",
-    "timing/step_timer.py",
-    "timing/loops.py",
-    "timing/overheads.py",
-    "timing/clock.py",
-    "speculative.py",
-    "decoding.py",
-    "models.py",
-    "network.py",
-    "steps.py",
-    "sampling.py",
-    "verification.py",
-    "cpu_kernel/ops.py",
-    "cpu_kernel/params.py",
-    "cpu_kernel/extension.py",
-    "cpu_kernel/matmul.cc",
-    "cpu_kernel/attention.cc",
-)
+_CODE = """timing/cost_curve.py timing/step_timer.py timing/loops.py timing/overheads.py
+timing/clock.py speculative.py decoding.py models.py network.py steps.py sampling.py
+verification.py cpu_kernel/ops.py cpu_kernel/params.py cpu_kernel/extension.py
+cpu_kernel/matmul.cc cpu_kernel/attention.cc""".split()
 
 
 def code_hash() -> str:

@@ -49,14 +49,8 @@ class GateConfig:
     max_backoff: int = 8
 
     def __post_init__(self):
-        lows = {
-            "explore_every": 2,
-            "evidence_calls": 1,
-            "window": 1,
-            "baseline_calls": 1,
-            "refresh_every": 2,
-            "max_backoff": 1,
-        }
+        lows = dict(explore_every=2, evidence_calls=1, window=1, baseline_calls=1,
+                    refresh_every=2, max_backoff=1)  # fmt: skip
         for name, low in lows.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
