@@ -9,6 +9,7 @@ the gate's to judge (`speculation_gate`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -129,20 +130,12 @@ def key_digest(key: Mapping[str, Any]) -> str:
 
 
 def curve_from_dict(d: Mapping[str, Any]) -> cost_curve.CostCurve:
-    """Inverse of `CostCurve.to_dict` (the derived 'c' is dropped)."""
-    ints = lambda m: {int(k): float(v) for k, v in m.items()}  # noqa: E731
-    return cost_curve.CostCurve(
-        block_step_ms=ints(d["block_step_ms"]),
-        draft_step_ms=float(d["draft_step_ms"]),
-        baseline_sampling_ms=float(d["baseline_sampling_ms"]),
-        sampling_ms=ints(d["sampling_ms"]),
-        target_setup_ms=float(d.get("target_setup_ms", 0.0)),
-        draft_setup_ms=float(d.get("draft_setup_ms", 0.0)),
-        baseline_fixed_ms=float(d.get("baseline_fixed_ms", 0.0)),
-        speculative_fixed_ms=ints(d.get("speculative_fixed_ms", {})),
-        call_scale=ints(d.get("call_scale", {})),
-        interference_ms=float(d.get("interference_ms", 0.0)),
-    )
+    """Inverse of `CostCurve.to_dict` ('c' and 'source' dropped; missing optional fields: 0)."""
+    names = {f.name for f in dataclasses.fields(cost_curve.CostCurve)} - {"source"}
+    return cost_curve.CostCurve(**{
+        k: {int(g): float(x) for g, x in v.items()} if isinstance(v, Mapping) else float(v)
+        for k, v in d.items() if k in names
+    })  # fmt: skip
 
 
 class CostCurveCache:

@@ -113,20 +113,11 @@ class CostCurve:
         return self.baseline_call_ms(tokens_per_call) / self.speculative_call_ms(gamma, iterations)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "block_step_ms": {str(k): v for k, v in self.block_step_ms.items()},
-            "draft_step_ms": self.draft_step_ms,
-            "baseline_sampling_ms": self.baseline_sampling_ms,
-            "sampling_ms": {str(k): v for k, v in self.sampling_ms.items()},
-            "target_setup_ms": self.target_setup_ms,
-            "draft_setup_ms": self.draft_setup_ms,
-            "baseline_fixed_ms": self.baseline_fixed_ms,
-            "speculative_fixed_ms": {str(k): v for k, v in self.speculative_fixed_ms.items()},
-            "call_scale": {str(k): v for k, v in self.call_scale.items()},
-            "interference_ms": self.interference_ms,
-            "c": self.c,
-            "source": self.source,
-        }
+        """The fields as JSON values ({γ or k: ms} keys as strings), 'c' before 'source'."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {k: {str(g): x for g, x in v.items()} if isinstance(v, Mapping) else v
+               for k, v in out.items() if k != "source"}  # fmt: skip
+        return {**out, "c": self.c, "source": self.source}
 
 
 def calibrated(curve: CostCurve, calls: Mapping[int, Any]) -> CostCurve:

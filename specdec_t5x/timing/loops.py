@@ -211,11 +211,18 @@ def loop_costs(spec_model, target_params, draft_params,
         "timing_eos_id": timing_eos,
         "repeats": repeats,
     }
+    return _beside_timer(out, timer_costs, gamma)
+
+
+def _beside_timer(out: dict[str, Any], timer_costs, gamma: int) -> dict[str, Any]:
+    """`out` with the step timer's dict and, from its lone draft step, 'c_alone' and
+    'interference_ms' (the iteration's drafting beyond γ lone draft steps, ms)."""
     if timer_costs is not None:
-        lone = timer_costs["draft_step_ms"]
-        out["c_alone"] = lone / out["target_step_ms"]
-        out["interference_ms"] = gamma * out["draft_step_ms"] - gamma * lone
         out["step_timer"] = dict(timer_costs)
+        if "draft_step_ms" in timer_costs:
+            lone = timer_costs["draft_step_ms"]
+            out["c_alone"] = lone / out["target_step_ms"]
+            out["interference_ms"] = gamma * out["draft_step_ms"] - gamma * lone
     return out
 
 
@@ -305,9 +312,10 @@ def run_costs(seconds: Mapping[tuple[str, str], Sequence[float]],
         return out
 
     def costs(slopes):
-        t1 = max(slopes["baseline"] - work["baseline"], 1e-6)
-        iteration = max(slopes["speculative"] - work["speculative"], 1e-6)
-        verify = max(slopes["verify_only"] - work["verify_only"], 1e-6)
+        floor = clock.FLOOR_MS
+        t1 = max(slopes["baseline"] - work["baseline"], floor)
+        iteration = max(slopes["speculative"] - work["speculative"], floor)
+        verify = max(slopes["verify_only"] - work["verify_only"], floor)
         return t1, iteration, min(verify, iteration), verify
 
     everything = np.arange(n)
@@ -328,10 +336,7 @@ def run_costs(seconds: Mapping[tuple[str, str], Sequence[float]],
         "verify_cost_ratio": verify / t1,
         "verify_only_ms": verify_only,
         "verify_capped": bool(verify_only > iteration),
-        "loop_work_ms": {
-            "per_token": work["baseline"],
-            "per_iteration": work["speculative"],
-        },
+        "loop_work_ms": {"per_token": work["baseline"], "per_iteration": work["speculative"]},
         "slopes_ms": slopes,
         "units": {
             call: [int(cnt[(call, "short")].sum()), int(cnt[(call, "full")].sum())]
@@ -353,10 +358,4 @@ def run_costs(seconds: Mapping[tuple[str, str], Sequence[float]],
         },
         "source": "run",
     }
-    if timer_costs is not None:
-        out["step_timer"] = dict(timer_costs)
-        if "draft_step_ms" in timer_costs:
-            lone = timer_costs["draft_step_ms"]
-            out["c_alone"] = lone / t1
-            out["interference_ms"] = iteration - verify - gamma * lone
-    return out
+    return _beside_timer(out, timer_costs, gamma)
