@@ -67,14 +67,10 @@ def time_decoder_steps(target_step, target_args, target_cache, draft_step, draft
         raise ValueError(f"need gamma >= 1 and steps_per_call >= 1; got {gamma}, {steps_per_call}.")
     pos = jnp.full((batch,), position, jnp.int32)
     one = jnp.full((batch, 1), 5, jnp.int32)
-    # Every loop's tokens: the target's and the draft's one-token steps, the verify block, the
-    # k-token blocks; the iteration's are `one` and the verify block.
-    tokens = {
-        "target": one,
-        "draft": one,
-        "verify": jnp.full((batch, gamma + 1), 5, jnp.int32),
-        **{f"block_{k}": jnp.full((batch, k), 5, jnp.int32) for k in block_sizes},
-    }
+    block = lambda k: jnp.full((batch, k), 5, jnp.int32)
+    # Every loop's tokens (the iteration's: `one` and the verify block).
+    tokens = {"target": one, "draft": one, "verify": block(gamma + 1)}
+    tokens.update({f"block_{k}": block(k) for k in block_sizes})
     names = [*tokens, "iteration"]
     program = _probe_program(target_step, draft_step, gamma, names, make_caches)
     lengths = {"short": steps_per_call, "long": clock.LONG_LOOP * steps_per_call}
@@ -84,12 +80,8 @@ def time_decoder_steps(target_step, target_args, target_cache, draft_step, draft
         counts = jnp.asarray([lengths[length] if n == name else 0 for n in names], jnp.int32)
         return lambda: program(target_args, draft_args, caches, tokens, pos, counts)
 
-    samples = clock.time_interleaved(
-        {(n, length): call(n, length) for n in names for length in lengths},
-        repeats,
-        warmup,
-        shuffle=True,
-    )
+    calls = {(n, length): call(n, length) for n in names for length in lengths}
+    samples = clock.time_interleaved(calls, repeats, warmup, shuffle=True)
     span = lengths["long"] - lengths["short"]
     per_step = {
         name: [
@@ -123,10 +115,7 @@ def time_decoder_steps(target_step, target_args, target_cache, draft_step, draft
     }
     for name in ("target", "draft", "verify"):
         result[f"{name}_step_ms"] = median[name]
-        result[f"{name}_step_ms_iqr"] = [
-            float(np.percentile(per_step[name], 25)),
-            float(np.percentile(per_step[name], 75)),
-        ]
+        result[f"{name}_step_ms_iqr"] = [float(np.percentile(per_step[name], q)) for q in (25, 75)]
     return result
 
 
