@@ -130,11 +130,14 @@ def key_digest(key: Mapping[str, Any]) -> str:
 
 
 def curve_from_dict(d: Mapping[str, Any]) -> cost_curve.CostCurve:
-    """Inverse of `CostCurve.to_dict` ('c' and 'source' dropped; missing optional fields: 0)."""
-    names = {f.name for f in dataclasses.fields(cost_curve.CostCurve)} - {"source"}
+    """Inverse of `CostCurve.to_dict` ('c' and 'source' dropped; a missing optional field takes
+    its default). Raises KeyError when a required field is missing (not a curve)."""
+    fields = dataclasses.fields(cost_curve.CostCurve)
+    names = [f.name for f in fields if f.name != "source" and f.name in d]
+    names += [f.name for f in fields if f.default is f.default_factory is dataclasses.MISSING]
     return cost_curve.CostCurve(**{
-        k: {int(g): float(x) for g, x in v.items()} if isinstance(v, Mapping) else float(v)
-        for k, v in d.items() if k in names
+        k: {int(g): float(x) for g, x in d[k].items()} if isinstance(d[k], Mapping)
+        else float(d[k]) for k in names
     })  # fmt: skip
 
 
