@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import timing as bench_timing
 from specdec_t5x import drafts, models, network, steps, theory
 from specdec_t5x import tree as tree_lib
 from specdec_t5x.timing import clock, step_timer
@@ -93,7 +94,7 @@ def step_costs(models_, enc_tokens, s, budget) -> dict[str, Any]:
             cache = jax.jit(lambda p, e, m=module: steps.prepare_cache(m, p, e, max_len))(
                 params, enc
             )
-            fn = clock.looped_steps(step_timer.decoder_step(module), s["steps_per_call"])
+            fn = bench_timing.looped_steps(step_timer.decoder_step(module), s["steps_per_call"])
             for k in s["ks"] if name == "target" else (1,):
                 key = f"{name}_k{k}"
                 caches[key] = jax.tree_util.tree_map(jnp.copy, cache)

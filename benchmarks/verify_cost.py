@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import timing as bench_timing
 from benchmarks import xla_profile
 from specdec_t5x import cpu_kernel, models, network, provenance
 from specdec_t5x.timing import clock, step_timer
@@ -251,7 +252,7 @@ def measure(name: str, ks: Sequence[int], variants, modes, s: Settings) -> dict[
                     jax.block_until_ready(thunk())  # traces (and compiles) under that setting
                 calls[(variant, mode, k)] = thunk
                 steps[(variant, mode, k)] = s.loop_steps if mode == "loop" else 1
-    with clock.paused(s.pause_pid_file):
+    with bench_timing.paused(s.pause_pid_file):
         times = clock.time_interleaved(calls, s.rounds, warmup=1)
     times = {key: np.asarray(t) / 1e3 / steps[key] for key, t in times.items()}  # s per step
     out = {}
@@ -360,7 +361,7 @@ def run(
         shapes = [
             (MODELS[n]["emb_dim"], MODELS[n][o]) for n in names for o in ("mlp_dim", "vocab_size")
         ]
-        with clock.paused(s.pause_pid_file):
+        with bench_timing.paused(s.pause_pid_file):
             result["dots"] = xla_profile.dot_curves(
                 shapes, max(5, s.rounds // 3), hot=dots_hot, stream_mib=dots_stream_mib
             )

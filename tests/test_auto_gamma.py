@@ -10,6 +10,7 @@ from conftest import encoder_inputs, perturbed
 
 from specdec_t5x import drafts, models, speculative, theory
 from specdec_t5x.auto import auto_gamma, gamma_controller
+from specdec_t5x.auto import row as auto_row
 from specdec_t5x.eval import tables
 from specdec_t5x.timing import cost_curve, loops
 
@@ -218,7 +219,7 @@ def test_auto_decoder_in_argmax_mode_equals_greedy_whatever_gamma(pair):
 
 
 def test_summarise_auto_reports_off_and_the_choices():
-    off = auto_gamma.summarise_auto([1.0, 2.0], [1.0, 1.0], [None, None], [0, 0], [1.0, 1.0])
+    off = auto_row.summarise_auto([1.0, 2.0], [1.0, 1.0], [None, None], [0, 0], [1.0, 1.0])
     assert off["alpha_display"] == "off" and off["alpha_beta"] is None
     assert off["gamma_chosen"] == {"0": 2} and off["speedup"] == pytest.approx(1.5)
     stats = speculative.SpeculativeStats(
@@ -232,12 +233,12 @@ def test_summarise_auto_reports_off_and_the_choices():
         num_proposed=np.array([8]),
         log_prob=np.array([0.0]),
     )
-    on = auto_gamma.summarise_auto([1.0, 1.0], [0.5, 1.0], [stats, None], [2, 0], [None, 1.0])
+    on = auto_row.summarise_auto([1.0, 1.0], [0.5, 1.0], [stats, None], [2, 0], [None, 1.0])
     assert on["alpha_display"] == "0.50" and on["tokens_per_iteration"] == 2.5
     assert on["gamma_chosen"] == {"0": 1, "2": 1} and on["predicted_speedup"] == 1.0
     assert on["probe_examples"] == 1 and on["baseline_timing_examples"] == 0
     # γ = 0 with no prediction is a baseline timing, reported apart from "off" decisions.
-    timed = auto_gamma.summarise_auto(
+    timed = auto_row.summarise_auto(
         [1.0] * 3, [1.0] * 3, [stats, None, None], [2, 0, 0], [1.2, None, 1.0]
     )
     assert timed["baseline_timing_examples"] == 1 and timed["gamma_chosen"] == {"0": 2, "2": 1}
@@ -247,14 +248,14 @@ def test_summarise_auto_reports_off_and_the_choices():
 def test_bootstrap_interval_brackets_the_ratio_and_rejects_mismatched_runs():
     rng = np.random.default_rng(0)
     base = rng.uniform(1.0, 2.0, 200)
-    low, high = auto_gamma.bootstrap_interval(base, base / 1.25)
+    low, high = auto_row.bootstrap_interval(base, base / 1.25)
     assert low == pytest.approx(1.25) and high == pytest.approx(1.25)  # paired: exact ratio
     noisy = base / 1.25 * rng.uniform(0.8, 1.2, 200)
-    low, high = auto_gamma.bootstrap_interval(base, noisy)
+    low, high = auto_row.bootstrap_interval(base, noisy)
     ratio = base.sum() / noisy.sum()
     assert low < ratio < high and high - low < 0.1
     with pytest.raises(ValueError, match="equal non-empty"):
-        auto_gamma.bootstrap_interval(base, base[:-1])
+        auto_row.bootstrap_interval(base, base[:-1])
 
 
 def test_baseline_is_retimed_while_speculating_and_corrects_a_slow_first_timing():

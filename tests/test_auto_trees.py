@@ -8,6 +8,7 @@ from conftest import encoder_inputs, perturbed, tiny_spec_pair
 
 from specdec_t5x import drafts, models, sampling, speculative, theory, tree
 from specdec_t5x.auto import auto_gamma, auto_trees, gamma_controller
+from specdec_t5x.auto import row as auto_row
 from specdec_t5x.eval import config, job, summary, tables
 from specdec_t5x.timing import cost_curve
 
@@ -212,7 +213,7 @@ def test_summarise_auto_names_the_trees_and_takes_alpha_from_chains_only():
         rank_accepted=np.array([[[2, 0], [2, 0]]]),
         node_accepted=np.array([[2, 2, 0, 2, 0, 0, 0]]),
     )
-    row = auto_gamma.summarise_auto(
+    row = auto_row.summarise_auto(
         [1.0] * 4,
         [0.5, 0.5, 1.0, 1.0],
         [chain, trees, None, None],

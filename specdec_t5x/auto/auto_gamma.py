@@ -1,19 +1,11 @@
 """`gamma='auto'`: speculative decoding with γ chosen before every call, 0 = plain decoding.
 
-`AutoGammaDecoder` is the Python API of `gamma='auto'`: it measures the cost curve on the first
-batch (`cost_curve.measure_cost_curve`), calibrates it with real calls of every γ, keeps one
-jitted decoder per γ (γ = 0: the baseline) and asks a `gamma_controller.GammaController` for γ
-before every call (γ is static under `jit`, so the choice is made outside it). With token trees
-among the plans, `auto_trees.TreeChooser` runs a tree instead when its measured speed-up beats
-the chains'. `summarise_auto` and `bootstrap_interval` make the eval job's row of such a run.
-
-A `speculation_gate.SpeculationGate` stands between the controller's choice and the call: the run
-starts on the baseline and speculates only once its own timed calls show that it pays, and is
-back on γ = 0 within N = 6 calls (at most 4 of them speculative) once it does not
-(`GateConfig.bound_calls`; the bound's derivation: `speculation_gate`). The measured and calibrated curve is kept across runs in a JSON cache
-(`cost_cache`), so only the first run of a pair, shape and machine pays for it; the calibration is
-bounded (`calibration_share` of the run, at most `calibration_rounds` rounds; a short run of at
-most `SHORT_RUN_CALLS` calls measures a quick curve and no rounds) and logs its progress every 30 s.
+`AutoGammaDecoder` measures the cost curve on the first batch (`cost_curve.measure_cost_curve`;
+kept across runs by `cost_cache`), calibrates it with real calls of every γ, keeps one jitted
+decoder per plan and asks a `gamma_controller.GammaController` (with trees, an
+`auto_trees.TreeChooser`) for the plan before every call (γ is static under `jit`). A
+`speculation_gate.SpeculationGate` between the choice and the call starts the run on the baseline
+and speculates only while the run's own timed calls show that it pays.
 """
 
 from __future__ import annotations
@@ -48,12 +40,8 @@ DEFAULT_GATE: speculation_gate.GateConfig | None = speculation_gate.GateConfig()
 
 
 def call_counts(decodes, aux: Mapping[str, Any] | None = None) -> tuple[int, int | None]:
-    """(longest row's generated tokens, counted iterations or None) of one decode call.
-
-    Args:
-      decodes: int32 [batch, max_decode_len], 0 = padding after EOS.
-      aux: the call's aux; its 'stats' (`SpeculativeStats`) give the iterations (max over rows).
-    """
+    """(longest row's generated tokens, counted iterations or None) of one decode call: `decodes`
+    int32 [batch, max_decode_len] (0 = padding after EOS), `aux['stats']` the iterations."""
     longest = int(np.max(np.count_nonzero(np.asarray(decodes), axis=-1), initial=0))
     stats = (aux or {}).get("stats")
     iterations = None if stats is None else int(np.max(np.asarray(stats.num_iterations)))
@@ -64,79 +52,43 @@ class AutoGammaDecoder:
     """`gamma='auto'`: speculative decoding with γ chosen per call, 0 = the baseline alone.
 
     Args:
-      spec_model: `models.SpeculativeEncoderDecoderModel` (target + draft).
-      target_params, draft_params: parameters (draft default: `spec_model.draft.params`).
-      settings: {'temperature', 'topk', 'topp'} for both decoders.
-      gamma_max: largest γ considered (>= 1).
-      verification, draft_confidence_threshold: passed to `speculative.speculative_sample`.
-      prior_alpha: α before the first call (None: the first call probes with γ = 1).
-      cost_repeats: timing rounds of the cost curve.
-      calibration_rounds: rounds of real decode calls of every γ in 0..gamma_max on the first
-        batch (interleaved, after compiling each γ), whose measured / modelled times calibrate
-        the curve per γ (`cost_curve.calibrated`); 0: the composed curve alone.
-      curve: a `CostCurve` to use instead of measuring one on the first batch (not calibrated).
-      config: the controller's tuning knobs (`gamma_controller.GammaConfig`; None: defaults).
-      baseline_sampler: the γ = 0 decoder's draw (`decoding.SAMPLERS`; the eval job passes its
-        fair baseline's at T > 0).
-      trees: token trees also considered, each its per-depth branching factors (e.g. ((2, 2),
-        (3, 2, 1))) or child-rank paths (`tree.parse_tree`): calibrated with the chains, timed on their own calls and
-        chosen when measured faster than the chains (`auto_trees.TreeChooser`). Empty: chains
-        only, exactly as without this argument.
-      tree_rule: the trees' acceptance rule at T > 0 (`tree.TREE_RULES`).
-      clock: wall-clock seconds (None: `time.perf_counter`; tests inject a fake one to set
-        timings).
-      gate: the `speculation_gate.GateConfig` of the gate between the controller and the calls
-        (True: `DEFAULT_GATE`, read when the decoder is made; None or False: no gate, the
-        controller's choice runs as it is).
-      cost_cache: where measured curves are kept across runs (`cost_cache.open_cache`: None →
-        $SPECDEC_COST_CURVE_CACHE or ~/.cache/specdec_t5x/cost_curves/; False or '0' → off; a
-        directory; a `cost_cache.CostCurveCache`).
-      expected_calls: the run's number of calls, if known (the eval job sets it): a run of at most
-        `SHORT_RUN_CALLS` measures a quick curve without calibration rounds, and longer runs
-        bound their calibration rounds to `calibration_share` of their expected decode time.
-      calibration_share: that share (the run's expected decode time: expected_calls times the
-        warm-up round's baseline call); None: `CALIBRATION_SHARE` (0.1).
+      spec_model: `models.SpeculativeEncoderDecoderModel`; target_params, draft_params (default:
+        `spec_model.draft.params`); settings: {'temperature', 'topk', 'topp'}.
+      gamma_max: largest γ (>= 1); verification, draft_confidence_threshold: the chains'
+        (`speculative.speculative_sample`); prior_alpha: α before the first call (None: probe
+        with γ = 1); cost_repeats: the cost curve's timing rounds.
+      calibration_rounds: rounds of real calls of every plan on the first batch calibrating the
+        curve (`cost_curve.calibrated`; 0: none); curve: a `CostCurve` to use as given.
+      config: `gamma_controller.GammaConfig` (None: defaults); baseline_sampler: γ = 0's draw.
+      trees: token trees also considered (`tree.parse_tree` specs), chosen when measured faster
+        than the chains (`auto_trees.TreeChooser`); tree_rule: their rule at T > 0.
+      clock: wall-clock seconds (None: `time.perf_counter`; tests inject one).
+      gate: `speculation_gate.GateConfig` (True: `DEFAULT_GATE`; None or False: no gate).
+      cost_cache: `cost_cache.open_cache`'s setting (None: the environment's or the default).
+      expected_calls: the run's calls if known: at most `SHORT_RUN_CALLS` measures a quick curve
+        without calibration rounds; longer runs bound the rounds to `calibration_share` (None:
+        `CALIBRATION_SHARE`) of their expected decode time.
 
     Raises:
-      ValueError: gamma_max < 1 or calibration_rounds < 0 (or not ints); a bad tree shape or
-        rule; trees with calibration_rounds = 0 or a given curve (a tree is only ever timed by
-        its own calls, the first ones in the calibration).
+      ValueError: gamma_max < 1 or calibration_rounds < 0 (or not ints); a bad tree or rule;
+        trees with calibration_rounds = 0 or a given curve (a tree is only timed by its calls).
 
-    The controller's `history` names the gate's decisions: a γ = 0 call the gate imposed has the
-    reason 'gate_baseline' (no baseline timed yet), 'gate_refresh' (re-timing it) or 'gate_off',
-    with the controller's plan as 'wanted'; an explored call keeps the controller's reason and
-    has 'gate': 'gate_explore'. `calibration` says where the curve came from ('source': 'cache',
-    'measured' or 'given'), its seconds and rounds.
-
-    A plan is γ (an int, 0 = off) or a tree shape (a tuple). Use `decoder(batch, rng)`, or, to
-    keep compilation out of a timed region, `choose()`, `compile(plan, batch)`, then the timed
-    `decode(plan, batch, rng)`, `update(aux)` and `observe(plan, ...)`.
+    A plan is γ (0 = off) or a tree shape. Use `decoder(batch, rng)`, or, to keep compilation out
+    of a timed region, `choose`, `compile`, then the timed `decode`, `update` and `observe`.
+    `calibration` says where the curve came from ('source'), its seconds and rounds.
     """
 
-    def __init__(
-        self,
-        spec_model,
-        target_params,
-        draft_params=None,
-        *,
-        settings: Mapping[str, Any],
-        gamma_max: int = 8,
-        verification: str = "token",
-        draft_confidence_threshold: float = 0.0,
-        prior_alpha: float | None = None,
-        cost_repeats: int = 20,
-        calibration_rounds: int = 4,
-        curve: cost_curve.CostCurve | None = None,
-        config: gamma_controller.GammaConfig | None = None,
-        baseline_sampler: str = "t5x",
-        trees: Sequence[Sequence[int]] = (),
-        tree_rule: str = "without_replacement",
-        clock: Callable[[], float] | None = None,
-        gate: speculation_gate.GateConfig | bool | None = True,
-        cost_cache: Any = None,
-        expected_calls: int | None = None,
-        calibration_share: float | None = None,
-    ):
+    def __init__(self, spec_model, target_params, draft_params=None, *,
+                 settings: Mapping[str, Any], gamma_max: int = 8, verification: str = "token",
+                 draft_confidence_threshold: float = 0.0, prior_alpha: float | None = None,
+                 cost_repeats: int = 20, calibration_rounds: int = 4,
+                 curve: cost_curve.CostCurve | None = None,
+                 config: gamma_controller.GammaConfig | None = None,
+                 baseline_sampler: str = "t5x", trees: Sequence[Sequence[int]] = (),
+                 tree_rule: str = "without_replacement",
+                 clock: Callable[[], float] | None = None,
+                 gate: speculation_gate.GateConfig | bool | None = True, cost_cache: Any = None,
+                 expected_calls: int | None = None, calibration_share: float | None = None):  # fmt: skip
         if not isinstance(gamma_max, int) or gamma_max < 1:
             raise ValueError(f"gamma_max must be an int >= 1; got gamma_max={gamma_max!r}.")
         if not isinstance(calibration_rounds, int) or calibration_rounds < 0:
@@ -195,22 +147,14 @@ class AutoGammaDecoder:
         return [*range(self.gamma_max + 1), *self.trees]
 
     def tree_speedups(self) -> dict[str, float | None]:
-        """{tree name: its measured speed-up so far (`auto_trees.TreeChooser.measured_speedup`;
-        None before it was timed)}; {} without trees."""
+        """{tree name: its measured speed-up so far (None before timed)}; {} without trees."""
         if self.chooser is None:
             return {}
         return {auto_trees.plan_name(s): self.chooser.measured_speedup(s) for s in self.trees}
 
     def _fn(self, gamma):
         if gamma not in self._fns:
-            if isinstance(gamma, tuple):  # a tree: one target call verifies all its nodes
-                params = {**self.settings, "tree": gamma, "tree_rule": self.tree_rule}
-                self._fns[gamma] = jax.jit(
-                    lambda tp, dp, b, rng: self.spec_model.predict_batch_with_aux(
-                        tp, b, rng, decoder_params=params, draft_params=dp
-                    )
-                )
-            elif gamma == 0:
+            if not isinstance(gamma, tuple) and gamma == 0:  # the draft's parameters stay out of it
                 params = dict(self.settings)
                 fn = jax.jit(
                     lambda tp, b, rng: (
@@ -218,21 +162,19 @@ class AutoGammaDecoder:
                         {},
                     )
                 )
-                # The draft's parameters are not passed to the baseline's jitted function (each
-                # argument leaf costs dispatch time in every call).
                 self._fns[0] = lambda tp, dp, b, rng: fn(tp, b, rng)
+                return self._fns[0]
+            if isinstance(gamma, tuple):  # a tree: one target call verifies all its nodes
+                extra = {"tree": gamma, "tree_rule": self.tree_rule}
             else:
-                params = {
-                    **self.settings,
-                    "gamma": gamma,
-                    "verification": self.verification,
-                    "draft_confidence_threshold": self.threshold,
-                }
-                self._fns[gamma] = jax.jit(
-                    lambda tp, dp, b, rng: self.spec_model.predict_batch_with_aux(
-                        tp, b, rng, decoder_params=params, draft_params=dp
-                    )
+                extra = {"gamma": gamma, "verification": self.verification,
+                         "draft_confidence_threshold": self.threshold}  # fmt: skip
+            params = {**self.settings, **extra}
+            self._fns[gamma] = jax.jit(
+                lambda tp, dp, b, rng: self.spec_model.predict_batch_with_aux(
+                    tp, b, rng, decoder_params=params, draft_params=dp
                 )
+            )
         return self._fns[gamma]
 
     @property
@@ -244,8 +186,7 @@ class AutoGammaDecoder:
         return min(self.cost_repeats, SHORT_RUN_REPEATS) if self.short_run else self.cost_repeats
 
     def _rounds(self) -> int:
-        """Calibration rounds asked for: none in a short run (but one with trees: their only
-        timings are their own calls)."""
+        """Calibration rounds: none in a short run (one with trees: their only timings)."""
         if self.short_run:
             return min(self.calibration_rounds, 1) if self.trees else 0
         return self.calibration_rounds
@@ -265,10 +206,9 @@ class AutoGammaDecoder:
         }
 
     def choose(self, batch: Mapping[str, Array]) -> tuple[int | tuple[int, ...], float | None]:
-        """(plan, predicted speedup) for the next call: γ, or a tree shape with its measured
-        speed-up (`auto_trees.TreeChooser.choose`), as the gate lets it run (0 with the gate's
-        reason in `controller.last_choice` otherwise); sets up the cost curve on the first batch
-        (from the cache, or measured and calibrated)."""
+        """(plan, predicted speedup) for the next call, as the gate lets it run (0 with the
+        gate's reason in `controller.last_choice` otherwise); sets the curve up on the first
+        batch."""
         if self.controller is None:
             self._setup(batch)
         c = self.controller
@@ -292,7 +232,7 @@ class AutoGammaDecoder:
         return 0, predicted
 
     def _setup(self, batch: Mapping[str, Array]) -> None:
-        """The curve (cached, or measured and calibrated, then cached), the controller, and the
+        """The curve (cached, or measured, calibrated and cached), the controller, and the
         calibration calls' timings fed to it; logs its progress every 30 s."""
         start = self._now()
         enc = batch["encoder_input_tokens"]
@@ -312,18 +252,11 @@ class AutoGammaDecoder:
                     calls = self._calibration_calls(batch)
             else:
                 curve = cost_curve.measure_cost_curve(
-                    self.spec_model,
-                    self.target_params,
-                    self.draft_params,
-                    enc,
-                    max_len,
-                    self.gamma_max,
-                    self.settings,
-                    self.verification,
-                    self._repeats(),
+                    self.spec_model, self.target_params, self.draft_params, enc, max_len,
+                    self.gamma_max, self.settings, self.verification, self._repeats(),
                     baseline_sampler=self.baseline_sampler,
                     progress=lambda stage: setattr(beat, "stage", f"cost curve: {stage}"),
-                )
+                )  # fmt: skip
                 calls = self._calibration_calls(batch) if self._rounds() else {}
                 # The trees have no modelled call to calibrate; a γ may have no call left when
                 # the budget stopped the rounds.
@@ -349,12 +282,9 @@ class AutoGammaDecoder:
             self.calibration["seconds"],
         )
         self.controller = self._controller(curve)
-        # The calibration's baseline calls are real timed calls: they time the baseline, so
-        # the run itself spends no call on that (each would cost the speed-up it forgoes).
+        # The calibration's calls time the baseline (ρ_b) and each γ (ρ_s) at the same moment.
         for seconds, longest, _ in calls.get(0, []):
             self.controller.time_baseline(seconds, longest)
-        # ... and its speculative calls time each γ the same way (ρ_s), so that ρ_s and ρ_b
-        # start from calls of the same moment (see `gamma_controller.GammaController.time_speculative`).
         for gamma in sorted(g for g in calls if isinstance(g, int) and g > 0):
             for seconds, longest, iterations in calls[gamma]:
                 self.controller.time_speculative(gamma, seconds, longest, iterations)
@@ -364,12 +294,9 @@ class AutoGammaDecoder:
 
     def _calibration_calls(self, batch: Mapping[str, Array]) -> dict[Any, list]:
         """{plan: [(seconds, longest tokens, iterations)]}: up to `calibration_rounds` rounds of
-        every plan (γ in 0..gamma_max, then the trees) decoding `batch` after one discarded
-        warm-up round, each round in a seeded random order (drift hits all plans).
-
-        With `expected_calls` known, a round starts only while the rounds so far plus one more
-        (timed as the last one) stay within `calibration_share` of the run's expected decode time
-        (expected_calls × the warm-up round's baseline call); one round always runs with trees."""
+        every plan on `batch` after a discarded warm-up round, each in a seeded random order;
+        with `expected_calls` known, a round starts only while the rounds so far plus one more
+        fit in `calibration_share` of the run's expected decode time (one runs with trees)."""
         plans = self.plans
         beat = getattr(self, "_beat", None)
         for plan in plans:
@@ -386,11 +313,9 @@ class AutoGammaDecoder:
         for r in range(-1, rounds):
             if r >= (1 if self.trees else 0) and budget is not None and spent + last > budget:
                 logger.info(
-                    "auto γ: calibration stopped after %d of %d rounds (budget %.1f s)",
-                    r,
-                    rounds,
+                    "auto γ: calibration stopped after %d of %d rounds (budget %.1f s)", r, rounds,
                     budget,
-                )
+                )  # fmt: skip
                 break
             if beat is not None:
                 beat.stage = "calibration warm-up round" if r < 0 else f"calibration round {r + 1}"
@@ -412,8 +337,8 @@ class AutoGammaDecoder:
         return calls
 
     def compile(self, gamma, batch: Mapping[str, Array]) -> None:
-        """Compiles (and runs once) the decoder of a plan (γ or tree shape) for this batch shape,
-        if not done yet; with encoder length buckets once per bucket (`steps.warmup_sources`)."""
+        """Compiles and runs once a plan's decoder for this batch shape (once per encoder length
+        bucket: `steps.warmup_sources`), if not done yet."""
         key = (gamma, *(tuple(v.shape) for v in batch.values()))
         if key not in self._compiled:
             rng = jax.random.PRNGKey(0)
@@ -435,17 +360,15 @@ class AutoGammaDecoder:
         return self._fn(gamma)(self.target_params, self.draft_params, batch, rng)
 
     def update(self, aux: Mapping[str, Any]) -> None:
-        """Feeds a chain call's β into the running α (no-op for γ = 0 and for a tree: a tree's β
-        is measured at several children per depth, not Section 3.1's α)."""
+        """Feeds a chain call's β into the running α (no-op for γ = 0 and a tree)."""
         if "stats" in aux and not isinstance(aux["stats"], tree_lib.TreeStats):
             self.controller.update(aux["stats"])
 
     def observe(
         self, gamma, seconds: float, decodes: Array, aux: Mapping[str, Any] | None = None
     ) -> None:
-        """Feeds a timed call of a plan (γ or tree shape) to the controller (a tree's to the
-        `TreeChooser`): wall-clock seconds, its int32 [batch, len] decodes (all rows of the
-        call, padding rows included: they ran) and its aux (stats)."""
+        """Feeds a timed call of a plan to the controller (a tree's to the `TreeChooser`) and the
+        gate: wall seconds, its int32 [batch, len] decodes (padding rows included) and aux."""
         longest, iterations = call_counts(decodes, aux)
         if isinstance(gamma, tuple):
             self.chooser.observe(gamma, seconds, longest, iterations)
@@ -465,77 +388,3 @@ class AutoGammaDecoder:
         self.update(aux)
         self.observe(gamma, seconds, decodes, aux)
         return decodes, {**aux, "gamma": gamma, "predicted_speedup": predicted}
-
-
-def bootstrap_interval(
-    numerator_seconds, denominator_seconds, rounds: int = 2000, seed: int = 0
-) -> list[float]:
-    """5th and 95th percentiles of Σ numerator / Σ denominator over examples resampled in pairs.
-
-    Args:
-      numerator_seconds, denominator_seconds: float [num_examples] per-example wall seconds of two
-        runs on the same examples (e.g. the baseline and auto: the ratio is auto's speedup).
-      rounds: bootstrap resamples; seed: NumPy seed.
-
-    Raises:
-      ValueError: the two runs have different lengths or no examples.
-    """
-    a, b = np.asarray(numerator_seconds, float), np.asarray(denominator_seconds, float)
-    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
-        raise ValueError(f"need two equal non-empty 1-D runs; got shapes {a.shape}, {b.shape}.")
-    idx = np.random.default_rng(seed).integers(0, a.size, size=(rounds, a.size))
-    ratios = a[idx].sum(1) / b[idx].sum(1)
-    return [float(np.percentile(ratios, 5)), float(np.percentile(ratios, 95))]
-
-
-def summarise_auto(
-    baseline_seconds, seconds, stats, chosen, predictions, identical=None
-) -> dict[str, Any]:
-    """The eval job's row for an auto-γ run (per-example records, same examples as the baseline).
-
-    Args:
-      baseline_seconds, seconds: per-example wall seconds of the baseline and the auto run.
-      stats: per-example `SpeculativeStats` or `tree.TreeStats` (NumPy), None where γ = 0 was
-        chosen.
-      chosen: per-example plan chosen: γ (0 = off), a tree shape or a plan name
-        (`auto_trees.plan_name`, e.g. 'tree(3,2,1)').
-      predictions: per-example predicted speedup of the choice; None for a measurement call (the
-        γ = 1 probe, and γ = 0 calls that time the baseline: `gamma_controller.GammaController.choose`).
-      identical: optional fraction of examples equal to the baseline's tokens.
-
-    Returns:
-      {'gamma': 'auto', 'gamma_chosen': {plan name: count} (measurement calls included; the γ in
-      increasing order, then the trees, e.g. {'0': 3, '2': 90, 'tree(3,2,1)': 7}),
-      'baseline_timing_examples' (γ = 0 calls that timed the baseline, in gamma_chosen['0']),
-      'probe_examples', 'speedup', 'median_example_speedup',
-      'alpha_beta' (of the chain calls; None when none ran), 'alpha_display' ('off' or 'α.aa'),
-      'tokens_per_iteration' (chains and trees: tokens per target call), 'predicted_speedup'
-      (mean over examples with a prediction; a tree's is its measured speed-up), ...}.
-    """
-    base, secs = np.asarray(baseline_seconds), np.asarray(seconds)
-    ran = [s for s in stats if s is not None]
-    chains = [s for s in ran if not isinstance(s, tree_lib.TreeStats)]  # α: chains' β only
-    beta_sum = sum(float(np.sum(s.beta_sum)) for s in chains)
-    num_beta = sum(int(np.sum(s.num_beta)) for s in chains)
-    iterations = sum(int(np.sum(s.num_iterations)) for s in ran)
-    generated = sum(int(np.sum(s.num_generated)) for s in ran)
-    alpha = beta_sum / num_beta if num_beta else None
-    known = [p for p in predictions if p is not None]
-    names = [auto_trees.plan_name(g) for g in chosen]
-    order = sorted(set(names), key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n))
-    counts = {n: names.count(n) for n in order}
-    measuring = [n for n, p in zip(names, predictions, strict=True) if p is None]
-    return {
-        "gamma": "auto",
-        "gamma_chosen": counts,
-        "baseline_timing_examples": sum(1 for n in measuring if n == "0"),
-        "probe_examples": sum(1 for n in measuring if n != "0"),
-        "speedup": float(base.sum() / secs.sum()),
-        "median_example_speedup": float(np.median(base / secs)),
-        "alpha_beta": alpha,
-        "alpha_display": "off" if alpha is None else f"{alpha:.2f}",
-        "tokens_per_iteration": generated / iterations if iterations else None,
-        "predicted_speedup": float(np.mean(known)) if known else None,
-        "identical_fraction": identical,
-        "speculative_seconds": float(secs.sum()),
-    }

@@ -1,18 +1,15 @@
 """A JSON cache of auto γ's cost curves across runs (`AutoGammaDecoder`'s `cost_cache`).
 
-Measuring and calibrating a `cost_curve.CostCurve` takes minutes (22 of them in a 5-example demo
-on a loaded 2-core machine) and depends only on the model pair, the shapes, the decoding settings,
-the machine and the code that runs. `curve_key` names all of those; `CostCurveCache` keeps one
-JSON file per key under ~/.cache/specdec_t5x/cost_curves/ (`SPECDEC_COST_CURVE_CACHE=DIR` moves
-it, `=0` turns it off; the `cost_cache` argument overrides both). Any change of a key's part
-(another parameter value among the checksummed leaves, a shape, γmax, a setting, another CPU or
-kernel path, an edit of a timed module, another package or JAX version) gives another key, so a
-stale curve is never read back. What a cached curve cannot know is the machine's load at the
-time: `speculation_gate.SpeculationGate` judges speculation on the run's own calls for that.
+A measured and calibrated curve takes minutes and depends only on what `curve_key` names: the
+model pair, shapes, settings, machine and the timed code; any change gives another key, so a
+stale curve is never read back. One JSON file per key under ~/.cache/specdec_t5x/cost_curves/
+(`SPECDEC_COST_CURVE_CACHE=DIR` moves it, `=0` turns it off). The machine's load at run time is
+the gate's to judge (`speculation_gate`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -36,25 +33,10 @@ DEFAULT_DIR = pathlib.Path.home() / ".cache" / "specdec_t5x" / "cost_curves"
 FORMAT = 1  # the cache file's layout; bump to drop every older entry
 
 # Modules whose code decides what a cost curve measures (any edit invalidates the cache).
-_CODE = (
-    "timing/cost_curve.py",
-    "timing/step_timer.py",
-    "timing/loops.py",
-    "timing/overheads.py",
-    "timing/clock.py",
-    "speculative.py",
-    "decoding.py",
-    "models.py",
-    "network.py",
-    "steps.py",
-    "sampling.py",
-    "verification.py",
-    "cpu_kernel/ops.py",
-    "cpu_kernel/params.py",
-    "cpu_kernel/extension.py",
-    "cpu_kernel/matmul.cc",
-    "cpu_kernel/attention.cc",
-)
+_CODE = """timing/cost_curve.py timing/step_timer.py timing/loops.py timing/overheads.py
+timing/clock.py speculative.py decoding.py models.py network.py steps.py sampling.py
+verification.py cpu_kernel/ops.py cpu_kernel/params.py cpu_kernel/extension.py
+cpu_kernel/matmul.cc cpu_kernel/attention.cc""".split()
 
 
 def code_hash() -> str:
@@ -76,9 +58,7 @@ def code_hash() -> str:
 
 def params_fingerprint(params, checksum_leaves: int = 4) -> dict[str, Any]:
     """{'structure': sha256 of every leaf's path, shape and dtype, 'checksum': Σ of up to 4096
-    values of `checksum_leaves` leaves spread over the tree (first, last, evenly between)}: cheap
-    (no full pass over the parameters) and changes with any retrained or replaced leaf among
-    them, with any shape or dtype anywhere."""
+    values of `checksum_leaves` leaves spread over the tree}: cheap, no full pass."""
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     digest = hashlib.sha256()
     arrays = []
@@ -98,8 +78,7 @@ def params_fingerprint(params, checksum_leaves: int = 4) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    """The CPU (`provenance.cpu_identity`, with the kernel path), the cores this process may
-    use, the ISA override and XLA flags, and JAX's version and backend."""
+    """The CPU and kernel path, usable cores, ISA override, XLA flags, JAX version and backend."""
     from specdec_t5x import cpu_kernel, provenance
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -122,16 +101,9 @@ def curve_key(
     max_decode_len: int,
     measurement: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """Everything a measured (and calibrated) curve depends on, as JSON-able values.
-
-    Args:
-      spec_model: the `models.SpeculativeEncoderDecoderModel`.
-      target_params, draft_params: the (packed) parameters the decoders run with.
-      encoder_shape: [batch, input length] of the encoder input (the batch size is its first).
-      max_decode_len: the decode length.
-      measurement: how the curve is measured: γmax, settings, verification, baseline sampler,
-        repeats, calibration rounds, ... (sorted by name, values turned into strings if needed).
-    """
+    """Everything a measured (and calibrated) curve depends on, as JSON-able values: the pair
+    (its (packed) parameters' fingerprints and configs), `encoder_shape` [batch, input length],
+    `max_decode_len`, `measurement` (γmax, settings, repeats, rounds, ...), machine and code."""
     module_config = getattr(getattr(spec_model, "module", None), "config", None)
     draft = getattr(spec_model, "draft", None)
     return {
@@ -158,30 +130,20 @@ def key_digest(key: Mapping[str, Any]) -> str:
 
 
 def curve_from_dict(d: Mapping[str, Any]) -> cost_curve.CostCurve:
-    """Inverse of `CostCurve.to_dict` (the derived 'c' is dropped)."""
-    ints = lambda m: {int(k): float(v) for k, v in m.items()}  # noqa: E731
-    return cost_curve.CostCurve(
-        block_step_ms=ints(d["block_step_ms"]),
-        draft_step_ms=float(d["draft_step_ms"]),
-        baseline_sampling_ms=float(d["baseline_sampling_ms"]),
-        sampling_ms=ints(d["sampling_ms"]),
-        target_setup_ms=float(d.get("target_setup_ms", 0.0)),
-        draft_setup_ms=float(d.get("draft_setup_ms", 0.0)),
-        baseline_fixed_ms=float(d.get("baseline_fixed_ms", 0.0)),
-        speculative_fixed_ms=ints(d.get("speculative_fixed_ms", {})),
-        call_scale=ints(d.get("call_scale", {})),
-        interference_ms=float(d.get("interference_ms", 0.0)),
-    )
+    """Inverse of `CostCurve.to_dict` ('c' and 'source' dropped; a missing optional field takes
+    its default). Raises KeyError when a required field is missing (not a curve)."""
+    fields = dataclasses.fields(cost_curve.CostCurve)
+    names = [f.name for f in fields if f.name != "source" and f.name in d]
+    names += [f.name for f in fields if f.default is f.default_factory is dataclasses.MISSING]
+    return cost_curve.CostCurve(**{
+        k: {int(g): float(x) for g, x in d[k].items()} if isinstance(d[k], Mapping)
+        else float(d[k]) for k in names
+    })  # fmt: skip
 
 
 class CostCurveCache:
-    """One JSON file per key: {'key', 'curve' (`CostCurve.to_dict`), 'seconds' (what measuring
-    it took), 'created' (UTC)}.
-
-    Args:
-      directory: where the files go; None: $SPECDEC_COST_CURVE_CACHE or ~/.cache/specdec_t5x/
-        cost_curves/.
-    """
+    """One JSON file per key: {'key', 'curve' (`CostCurve.to_dict`), 'seconds', 'created' (UTC)}
+    in `directory` (None: `resolve_dir()`)."""
 
     def __init__(self, directory: str | os.PathLike | None = None):
         self.directory = pathlib.Path(directory if directory is not None else resolve_dir())
@@ -231,8 +193,8 @@ def resolve_dir() -> pathlib.Path | None:
 
 
 def open_cache(setting: Any = None) -> CostCurveCache | None:
-    """The cache `AutoGammaDecoder(cost_cache=...)` asks for: None → the environment's (or the
-    default directory), False or '0' → none, a path → that directory, a `CostCurveCache` as is."""
+    """The cache of `AutoGammaDecoder(cost_cache=setting)`: None → the environment's (or the
+    default), False or '0' → none, a path → that directory, a `CostCurveCache` as is."""
     if isinstance(setting, CostCurveCache):
         return setting
     if setting is False or (isinstance(setting, str) and setting.strip() in ("", "0", "off")):
@@ -244,11 +206,8 @@ def open_cache(setting: Any = None) -> CostCurveCache | None:
 
 
 class Heartbeat:
-    """Logs `what` and the seconds since it started every `every` seconds from a daemon thread,
-    so a long measurement is never silent; `stage` names the current part.
-
-    Use as a context manager; `every` and `log` are for tests.
-    """
+    """Context manager logging `what`, its current `stage` and the seconds so far every `every`
+    seconds from a daemon thread, so a long measurement is never silent."""
 
     def __init__(self, what: str, every: float = 30.0, log=None):
         self.what, self.every = what, every

@@ -1,7 +1,4 @@
-"""The auto-γ controller's tuning knobs (`GammaConfig`), each with the rule it sets and why.
-
-`gamma_controller.GammaController` applies them (and re-exports `GammaConfig`).
-"""
+"""The auto-γ controller's tuning knobs (`GammaConfig`; `gamma_controller` applies them)."""
 
 from __future__ import annotations
 
@@ -12,45 +9,28 @@ import numbers
 
 @dataclasses.dataclass(frozen=True)
 class GammaConfig:
-    """Tuning knobs of `GammaController` (the defaults are the eval job's): each rule and why.
+    """Tuning knobs of `GammaController` (the defaults are the eval job's).
 
     Attributes:
-      min_timed_calls: timed calls of the baseline, and of γ > 0, before their corrections (ρ_b;
-        ρ_s, η) replace 1; after the probe the baseline is timed this often.
-      baseline_every: while speculating, every n-th call re-times the baseline (0: never), so
-        that ρ_b comes from calls spread over the run, as ρ_s does, not from a few early ones.
-      max_baseline_every: ... every n-th call even while that is safe (below; 0: never): drift.
-      retime_min_calls: baseline timings before their spread s_b is trusted; then re-timing is
-        skipped while the chosen γ's prediction · (1 − retime_z · s_b / √n_b) > 1 (ρ_b scales
-        every γ > 0 alike: a re-timing could not switch speculation off).
-      retime_z: the multiple of ρ_b's relative standard error there (1.645: one-sided 95 %).
-      gamma_prior_calls: weight, in calls, of the pooled ρ_s and η in each γ's own: the model's
-        error differs between γ, and a γ timed a few times must not be judged on those alone.
-      alpha_spread: assumed spread (standard deviation) of one call's α around the run's α.
-      optimism_z: the exploration margin's multiple of s_α / √n. "Off" only when no γ pays even
-        at α̂ + optimism_z · s_α / √n (optimism under uncertainty, as in UCB bandits): once off,
-        α is not measured again, so unlucky first calls must not switch a paying pair off.
-      spread_prior_calls: weight, in calls, of `alpha_spread` in the estimated s_α (the margin
-        follows the measured per-call spread, which differs per task and temperature).
-      min_speedup: predicted speed-up a γ must exceed to be chosen or explored (> 0): the model
-        errs by a few per cent, and near break-even "off" costs at most this margin.
-      refute_min_calls: timed calls of a γ before its own measured speed-up counts.
-      refute_z: that speed-up's multiple of its relative standard error. Below 1 even at its
-        upper bound: refuted, never chosen again (optimism cannot outvote a γ's own calls);
-        above 1 at its lower bound: confirmed, chosen when no prediction clears `min_speedup`.
-      max_explore_calls: speculative calls that may be spent exploring (0: never). Near
-        break-even the margin closes only after n ≈ (z · s_α / Δα)² losing calls; a dozen pin α̂
-        to ±0.1 at s_α = 0.2, which is what exploring is for.
-      speculate_every: while off with the best γ predicted above `retime_min_predicted`, every
-        n-th call runs it (0: never), so that a faster phase of the machine is noticed.
-      retime_min_predicted: that prediction threshold (near break-even, within the model's error).
-      tree_margin: with token trees among the plans (`auto_trees.TreeChooser`), a tree is chosen
-        only when its measured speed-up exceeds this times the chains' (the chosen γ's prediction,
-        its measured speed-up if confirmed, 1 when off): a tree has no model, so its few timed
-        calls scatter by a few per cent and a near tie must stay with the modelled chain.
+      min_timed_calls: timed baseline and γ > 0 calls before ρ_b, ρ_s and η replace 1.
+      baseline_every: while speculating, every n-th call re-times the baseline (0: never) unless
+        the prediction · (1 − retime_z · s_b / √n_b) > 1 once `retime_min_calls` were timed;
+        max_baseline_every: ... every n-th call regardless (0: never), for drift.
+      gamma_prior_calls: weight, in calls, of the pooled ρ_s and η in each γ's own.
+      alpha_spread: prior spread of one call's α; spread_prior_calls: its weight, in calls.
+      optimism_z: "off" only when no γ pays at α̂ + optimism_z · s_α / √n (once off, α is not
+        measured again, so unlucky first calls must not switch a paying pair off).
+      min_speedup: predicted speed-up a γ must exceed to be chosen or explored (> 0).
+      refute_min_calls, refute_z: a γ whose own calls' speed-up is below 1 even at + refute_z
+        standard errors is never chosen again; above 1 at − refute_z it is confirmed.
+      max_explore_calls: speculative calls that may be spent exploring (0: never).
+      speculate_every: while off with the best γ above `retime_min_predicted`, every n-th call
+        runs it (0: never), so that a faster phase of the machine is noticed.
+      tree_margin: a tree (`auto_trees.TreeChooser`) is chosen only when measured faster than
+        this times the chains' speed-up (> 0).
 
     Raises:
-      ValueError: a knob that is not a finite number >= 0, or min_speedup <= 0.
+      ValueError: a knob that is not a finite number >= 0, or min_speedup, tree_margin <= 0.
     """
 
     min_timed_calls: int = 2

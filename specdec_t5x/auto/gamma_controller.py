@@ -1,11 +1,8 @@
 """The auto-γ controller: γ in 0..gamma_max chosen before each call, 0 = plain decoding.
 
-The paper maximises Theorem 3.8 for a known α and c (§3.3); `GammaController` does so with costs
-measured on this machine (`cost_curve.CostCurve`) and α learnt online (Corollary 3.6), for whole
-calls of the observed length, and checks each timed call against the model of that same call
-(never against other examples' speed: lengths and α vary too much per example at batch 1).
-`GammaConfig` (`gamma_config`, re-exported here) holds its tuning knobs, each with the rule it
-sets and why.
+Theorem 3.8 maximised (§3.3) with costs measured on this machine (`cost_curve.CostCurve`) and α
+learnt online (Corollary 3.6), for whole calls of the observed length; each timed call is checked
+against the model of that same call. `GammaConfig` (`gamma_config`, re-exported) holds the knobs.
 """
 
 from __future__ import annotations
@@ -27,6 +24,14 @@ def _mean_variance(total: float, sq_total: float, n: int) -> tuple[float, float]
     return mean, max(sq_total / n - mean * mean, 0.0) * n / (n - 1)
 
 
+def _check_call(name: str, seconds: float, longest_tokens: int) -> None:
+    if not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1:
+        raise ValueError(
+            f"{name} needs seconds >= 0 and longest_tokens >= 1; got {seconds!r}, "
+            f"{longest_tokens!r}."
+        )
+
+
 def _running(factory):
     """A field of the running state: starts at `factory()`, not a constructor argument."""
     return dataclasses.field(default_factory=factory, init=False)
@@ -36,34 +41,19 @@ def _running(factory):
 class GammaController:
     """Chooses γ in 0..gamma_max before each call; learns α, the call length and the model's error.
 
-    Prediction for γ > 0 (`predictions`): ρ_b · baseline_call(L) / (ρ_s · speculative_call(γ,
-    η · N(α, γ))), with the `CostCurve`'s per-call model, where
-
-    α the running mean of β (`update`) or `prior_alpha`; L the mean tokens of a call's longest
-    row; N(α, γ) the expected iterations at the observed lengths (`iterations_per_call`); ρ_b, ρ_s
-    measured / modelled wall time of the timed baseline and speculative calls, each modelled with
-    its own counts (what the cost model misses); η counted / expected iterations (what Section
-    3.1's i.i.d. model misses: α varies per example, a batch waits for its slowest row). ρ_s and
-    η are kept per γ, shrunk toward the pooled value (`speculative_correction`,
-    `iterations_correction`). `choose` applies the rules `config` sets and explains.
-
-    Bound: these rules alone reach γ = 0 only after `refute_min_calls` (3) own calls of each
-    predicted γ lose at their upper bound, or after ρ_s, pooled with the calibration's calls, has
-    moved enough, with no short bound: slowed to 0.77x of the baseline after a calibration at its
-    model, it ran 12 losing calls over γ = 3, 4, 2, 1 before γ = 0 (tests/test_speculation_gate.py). `auto_gamma.AutoGammaDecoder` therefore puts a
-    `speculation_gate.SpeculationGate` after `choose`: once speculation stops paying, γ = 0 within
-    N = W + 1 + ⌈W / (R − 1)⌉ = 6 calls (W = 4 judged speculative calls, R = 16; its docstring).
+    Prediction for γ > 0: ρ_b · baseline_call(L) / (ρ_s · speculative_call(γ, η · N(α, γ))),
+    the `CostCurve`'s per-call model with α the running mean of β (or `prior_alpha`), L the mean
+    tokens of a call's longest row, N the expected iterations at the observed lengths, ρ_b and
+    ρ_s measured / modelled wall time of the timed baseline and speculative calls and η counted /
+    expected iterations (ρ_s and η per γ, shrunk toward the pooled value). `choose` applies the
+    rules `config` sets. Alone they reach γ = 0 only slowly once speculation stops paying, so
+    `auto_gamma` puts a `speculation_gate.SpeculationGate` after `choose`.
 
     Attributes:
-      curve: the measured `CostCurve`.
-      prior_alpha: α before any β was measured (None: probe with γ = 1); taken as known (no
-        exploration margin before a measured call).
-      config: the tuning knobs.
-      history: one record per observed call: {'gamma' (a tree's name for a tree call:
-        `observe_unmodelled`), 'reason' ('probe', 'time_baseline', 'retime_baseline', 'best',
-        'confirmed', 'explore', 'retime_speculative', 'off'; 'tree' from `auto_trees`),
-        'predicted' (that γ's prediction or None), 'alpha' (α̂ at the choice), 'ms' (wall ms),
-        'longest_tokens', 'iterations'}.
+      curve: the measured `CostCurve`; prior_alpha: α before any β (None: probe with γ = 1);
+      config: the knobs.
+      history: one record per observed call: {'gamma' (a tree's name for a tree), 'reason',
+        'predicted', 'alpha', 'ms' (wall ms), 'longest_tokens', 'iterations'}.
       The other fields are the running state, commented where they are declared.
     """
 
@@ -143,10 +133,8 @@ class GammaController:
         return (n * counted / expected + n0 * pooled) / (n + n0)
 
     def predictions(self, alpha: float) -> dict[int, float]:
-        """{γ: predicted speedup} for γ = 0..gamma_max at α, with the learnt L and corrections.
-
-        Before any call (no L) the steady-state curve (long outputs) is used, uncorrected.
-        """
+        """{γ: predicted speedup} for γ = 0..gamma_max at α, with the learnt L and corrections
+        (before any call: the steady-state curve, uncorrected)."""
         L = self.tokens_per_call
         gammas = range(self.curve.gamma_max + 1)
         if L is None:
@@ -161,12 +149,8 @@ class GammaController:
         return out
 
     def iterations_per_call(self, alpha: float, gamma: int) -> float:
-        """Iterations per call of γ at α, before η: the mean over the observed calls' lengths
-        of `theory.expected_iterations` (Section 3.1's model, each call's last block cut at EOS).
-
-        Raises:
-          ValueError: no call observed yet (no lengths).
-        """
+        """Iterations per call of γ at α, before η: `theory.expected_iterations` averaged over the
+        observed calls' lengths. Raises ValueError before any call."""
         if not self.length_calls:
             raise ValueError("iterations_per_call needs at least one observed call (lengths).")
         lengths = np.fromiter(self.length_calls, np.int64)
@@ -176,19 +160,12 @@ class GammaController:
         return float(weights @ per_length / weights.sum())
 
     def choose(self) -> tuple[int, float | None]:
-        """(γ, its predicted speedup) for the next call; `last_choice['reason']` names the rule.
-
-        1. probe: γ = 1 while α is unknown; then the baseline until timed `min_timed_calls` times.
-        2. best: the γ predicted best, if above `min_speedup`.
-        3. confirmed: else the `confirmed` γ with the highest measured speed-up.
-        4. explore: else the γ best at `optimistic_alpha` if its optimistic prediction clears
-           `min_speedup` and `max_explore_calls` are not spent.
-        5. off: else γ = 0, except that every `speculate_every`-th call while off runs the best
-           γ if its prediction is above `retime_min_predicted` (retime_speculative).
-        A `refuted` γ is never chosen; while speculating, `retime_baseline` decides when the
-        baseline is re-timed. Measurement calls (probe, baseline timings) return a None
-        prediction; a decision for "off" is (0, 1.0).
-        """
+        """(γ, its predicted speedup) for the next call; `last_choice['reason']` names the rule:
+        'probe' (γ = 1 while α is unknown), 'time_baseline' (until timed `min_timed_calls`
+        times), 'best' (above `min_speedup`), 'confirmed' (its own calls pay), 'explore' (pays at
+        `optimistic_alpha`, within `max_explore_calls`), 'off' (0, or 'retime_speculative' every
+        `speculate_every`-th call near break-even), 'retime_baseline'. A `refuted` γ is never
+        chosen. Measurement calls return a None prediction; "off" is (0, 1.0)."""
         cfg = self.config
         self.exploring = False
         alpha = self.alpha
@@ -233,9 +210,8 @@ class GammaController:
         return gamma, predicted
 
     def measured_speedup(self, gamma: int) -> tuple[float, float] | None:
-        """(ρ_b · Σ baseline_call(L_i) / Σ wall_i, its relative standard error) over γ's own timed
-        calls; None before `refute_min_calls` of them and the baseline were timed. The error is
-        the per-call ratios' s / (√n · mean) in quadrature with `baseline_standard_error`'s."""
+        """(ρ_b · Σ baseline_call(L_i) / Σ wall_i, its relative standard error) over γ's own
+        timed calls; None before `refute_min_calls` of them and the baseline were timed."""
         terms = self.speedup_terms.get(gamma)
         enough = max(self.config.refute_min_calls, 2)
         if terms is None or terms[0] < enough or not self._timed(False):
@@ -248,22 +224,19 @@ class GammaController:
         return float(rho_b * base_ms / self.measured_ms[gamma]), se
 
     def confirmed(self, gamma: int) -> tuple[float, float] | None:
-        """γ's `measured_speedup` if its own calls pay even at its lower bound (· (1 −
-        `refute_z` · se) > 1), else None."""
+        """γ's `measured_speedup` if it pays even at its lower bound (· (1 − refute_z · se))."""
         measured = self.measured_speedup(gamma)
         if measured is None or measured[0] * (1 - self.config.refute_z * measured[1]) <= 1.0:
             return None
         return measured
 
     def refuted(self, gamma: int) -> bool:
-        """Whether γ's own calls lose even at their speed-up's upper bound (· (1 + `refute_z` ·
-        se) < 1)."""
+        """Whether γ's own calls lose even at their upper bound (· (1 + refute_z · se) < 1)."""
         measured = self.measured_speedup(gamma)
         return measured is not None and measured[0] * (1 + self.config.refute_z * measured[1]) < 1.0
 
     def baseline_standard_error(self) -> float | None:
-        """s_b / √n_b: ρ_b's relative standard error over the timed baseline calls (None below
-        `retime_min_calls` calls)."""
+        """ρ_b's relative standard error s_b / √n_b (None below `retime_min_calls` calls)."""
         n = self.timed_calls.get(0, 0)
         if n < max(self.config.retime_min_calls, 2):
             return None
@@ -271,9 +244,8 @@ class GammaController:
         return float(np.sqrt(var / n) / mean)
 
     def retime_baseline(self, predicted: float | None) -> bool:
-        """Whether the next call re-times the baseline instead of speculating with this
-        prediction: every `baseline_every`-th call unless the prediction stays above 1 at ρ_b's
-        lower bound, and every `max_baseline_every`-th call regardless."""
+        """Whether the next call re-times the baseline: every `baseline_every`-th call unless the
+        prediction stays above 1 at ρ_b's lower bound; every `max_baseline_every`-th regardless."""
         cfg = self.config
         since = self.calls_since_baseline + 1
         if not cfg.baseline_every or since < cfg.baseline_every:
@@ -284,8 +256,8 @@ class GammaController:
 
     @property
     def alpha_spread_estimate(self) -> float:
-        """s_α: √((n0 · alpha_spread² + (m − 1) · s²) / (n0 + m − 1)), s² the sample variance of
-        the per-call α over m calls, n0 = `spread_prior_calls` (alpha_spread while m < 2)."""
+        """s_α: the per-call α's spread over m calls, shrunk toward `alpha_spread` with weight
+        `spread_prior_calls` (alpha_spread while m < 2)."""
         m = self.alpha_calls
         if m < 2:
             return self.config.alpha_spread
@@ -318,26 +290,18 @@ class GammaController:
     def observe(
         self, gamma: int, seconds: float, longest_tokens: int, iterations: int | None = None
     ) -> None:
-        """Records one timed call of γ (0: the baseline) against the model of that same call.
-
-        Call `update` with the call's statistics first (η uses the running α).
+        """Records one timed call of γ (0: the baseline) against the model of that same call
+        (after `update` with its statistics: η uses the running α).
 
         Args:
-          gamma: the call's γ.
-          seconds: its wall-clock time, seconds.
-          longest_tokens: tokens generated by its longest row (incl. EOS), >= 1.
-          iterations: its counted iterations (max over rows of `num_iterations`); required for
-            γ > 0.
+          gamma: the call's γ; seconds: its wall time (s); longest_tokens: its longest row's
+            tokens (incl. EOS), >= 1; iterations: its counted iterations (required for γ > 0).
 
         Raises:
           ValueError: negative or non-finite seconds, longest_tokens < 1, or γ > 0 without
             iterations >= 1.
         """
-        if not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1:
-            raise ValueError(
-                f"observe needs seconds >= 0 and longest_tokens >= 1; got {seconds!r}, "
-                f"{longest_tokens!r}."
-            )
+        _check_call("observe", seconds, longest_tokens)
         if gamma > 0 and (iterations is None or iterations < 1):
             raise ValueError(f"observe of γ = {gamma} needs iterations >= 1; got {iterations!r}.")
         if gamma == 0:
@@ -349,23 +313,13 @@ class GammaController:
     def observe_unmodelled(
         self, label: str, seconds: float, longest_tokens: int, iterations: int | None = None
     ) -> None:
-        """Records one timed call of a plan the cost model does not cover (a token tree,
-        `auto_trees`): it counts toward L (the call lengths), the history (as `label`) and the
-        re-timing counters (neither a baseline nor a chain call), not toward α, η, ρ or γ's
-        timed calls (its timing is `auto_trees.TreeChooser`'s own).
-
-        Args:
-          label: the plan's name in the history (e.g. 'tree(3,2,1)').
-          seconds, longest_tokens, iterations: as `observe`'s.
+        """Records a timed call of a plan the model does not cover (a token tree, `auto_trees`,
+        named `label`): it counts toward L, the history and the re-timing counters only.
 
         Raises:
           ValueError: negative or non-finite seconds or longest_tokens < 1.
         """
-        if not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1:
-            raise ValueError(
-                f"observe_unmodelled needs seconds >= 0 and longest_tokens >= 1; got "
-                f"{seconds!r}, {longest_tokens!r}."
-            )
+        _check_call("observe_unmodelled", seconds, longest_tokens)
         self._count_call(label, seconds, longest_tokens, iterations, False, False)
 
     def _count_call(
@@ -415,17 +369,10 @@ class GammaController:
         self.timed_calls[gamma] = self.timed_calls.get(gamma, 0) + 1
 
     def time_baseline(self, seconds: float, longest_tokens: int) -> None:
-        """Records a timed baseline call made before the run (the calibration's on the first
-        batch): it counts toward ρ_b, its spread and the timed calls (so the run spends no call
-        timing the baseline), not toward L, the history or the re-timing counters.
-
-        Args and errors as `observe`'s (ValueError: "time_baseline needs ...").
-        """
-        if not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1:
-            raise ValueError(
-                f"time_baseline needs seconds >= 0 and longest_tokens >= 1; got {seconds!r}, "
-                f"{longest_tokens!r}."
-            )
+        """Records a timed baseline call made before the run (the calibration's): it counts
+        toward ρ_b, its spread and the timed calls, not L, the history or the re-timing counters.
+        Raises ValueError as `observe`."""
+        _check_call("time_baseline", seconds, longest_tokens)
         modelled = self.curve.baseline_call_ms(longest_tokens)
         self.measured_ms["baseline"] = self.measured_ms.get("baseline", 0.0) + 1e3 * float(seconds)
         self.modelled_ms["baseline"] = self.modelled_ms.get("baseline", 0.0) + modelled
@@ -438,16 +385,10 @@ class GammaController:
     def time_speculative(
         self, gamma: int, seconds: float, longest_tokens: int, iterations: int
     ) -> None:
-        """Records a timed call of γ made before the run (the calibration's on the first batch).
-
-        It counts toward ρ_s (pooled and γ's own) and γ's timed calls, as `time_baseline`'s
-        calls count toward ρ_b, so that ρ_s and ρ_b start from calls of the same moment and a
-        few slow first calls of the run cannot decide it alone. It does not count toward α, η,
-        L, the history, the re-timing counters or γ's `measured_speedup` (refutation and
-        confirmation rest on the run's own calls).
-
-        Args and errors as `observe`'s for γ >= 1 (ValueError: "time_speculative needs ...").
-        """
+        """Records a timed call of γ >= 1 made before the run (the calibration's): it counts
+        toward ρ_s (pooled and γ's) and γ's timed calls, as `time_baseline`'s toward ρ_b, so both
+        start from calls of the same moment; not α, η, L, the history or `measured_speedup`.
+        Raises ValueError as `observe`."""
         bad_call = not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1
         if gamma < 1 or bad_call or iterations is None or iterations < 1:
             raise ValueError(
@@ -462,8 +403,8 @@ class GammaController:
         self.timed_calls[gamma] = self.timed_calls.get(gamma, 0) + 1
 
     def _rho(self, key) -> float | None:
-        """Σ measured / Σ modelled ms of `key`'s calls ('baseline', 'speculative' or γ), the
-        calibration's included; None while nothing was modelled."""
+        """Σ measured / Σ modelled ms of `key`'s calls ('baseline', 'speculative' or γ),
+        calibration included; None while nothing was modelled."""
         measured, modelled = self.calibration_ms.get(key, (0.0, 0.0))
         measured += self.measured_ms.get(key, 0.0)
         modelled += self.modelled_ms.get(key, 0.0)

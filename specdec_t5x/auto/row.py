@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from specdec_t5x import metrics
+from specdec_t5x import tree as tree_lib
 from specdec_t5x.auto import auto_gamma, auto_trees
 
 
@@ -72,19 +73,14 @@ class AutoRow:
 def add_auto_row(flat, runs, choices, headline: bool, quality_args) -> None:
     """Adds the auto-γ row as `flat['auto']`; an auto headline also replaces the headline fields.
 
-    The row (`auto_gamma.summarise_auto`) has the γ chosen per example (0 = off), the mean
-    prediction of those choices, the measured speed, and the best fixed γ of the same run's sweep.
+    The row (`summarise_auto`) has the γ chosen per example (0 = off), the mean prediction of
+    those choices, the measured speed, and the best fixed γ of the same run's sweep.
     """
     base, run = runs["baseline"], runs["auto"]
-    row = auto_gamma.summarise_auto(
-        base.seconds,
-        run.seconds,
-        run.stats,
-        [g for g, _ in choices],
-        [p for _, p in choices],
-        identical=float(
-            np.mean([np.array_equal(a, b) for a, b in zip(base.tokens, run.tokens, strict=True)])
-        ),
+    same = [np.array_equal(a, b) for a, b in zip(base.tokens, run.tokens, strict=True)]
+    plans, predicted = [g for g, _ in choices], [p for _, p in choices]
+    row = summarise_auto(
+        base.seconds, run.seconds, run.stats, plans, predicted, identical=float(np.mean(same))
     )
     sweep = flat["gamma_sweep"]
     best = max(sweep, key=lambda g: sweep[g]["speedup"])
@@ -92,21 +88,13 @@ def add_auto_row(flat, runs, choices, headline: bool, quality_args) -> None:
         best_fixed_gamma=int(best),
         best_fixed_speedup=sweep[best]["speedup"],
         auto_over_best_fixed=row["speedup"] / sweep[best]["speedup"],
-        **(
-            {
-                "speedup_vs_t5x_sampler": float(
-                    np.sum(runs["baseline_t5x"].seconds) / np.sum(run.seconds)
-                )
-            }
-            if "baseline_t5x" in runs
-            else {}
-        ),
         # Paired bootstrap over examples (5th, 95th percentiles): the run-to-run spread.
-        speedup_interval=auto_gamma.bootstrap_interval(base.seconds, run.seconds),
-        auto_over_best_fixed_interval=auto_gamma.bootstrap_interval(
-            runs[int(best)].seconds, run.seconds
-        ),
+        speedup_interval=bootstrap_interval(base.seconds, run.seconds),
+        auto_over_best_fixed_interval=bootstrap_interval(runs[int(best)].seconds, run.seconds),
     )
+    if "baseline_t5x" in runs:
+        t5x_seconds = np.sum(runs["baseline_t5x"].seconds)
+        row["speedup_vs_t5x_sampler"] = float(t5x_seconds / np.sum(run.seconds))
     flat["auto"] = row
     if headline:
         for key in sweep[best]:
@@ -119,3 +107,70 @@ def add_auto_row(flat, runs, choices, headline: bool, quality_args) -> None:
         flat["quality"]["speculative"] = metrics.quality(
             seqio_task, vocabulary, examples, run.tokens, eos_id
         )
+
+
+def bootstrap_interval(
+    numerator_seconds, denominator_seconds, rounds: int = 2000, seed: int = 0
+) -> list[float]:
+    """[5th, 95th] percentiles of Σ numerator / Σ denominator over examples resampled in pairs
+    (`rounds` resamples, NumPy `seed`): float [num_examples] wall seconds of two runs on the same
+    examples (the baseline and auto: auto's speed-up).
+
+    Raises:
+      ValueError: the two runs have different lengths or no examples.
+    """
+    a, b = np.asarray(numerator_seconds, float), np.asarray(denominator_seconds, float)
+    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+        raise ValueError(f"need two equal non-empty 1-D runs; got shapes {a.shape}, {b.shape}.")
+    idx = np.random.default_rng(seed).integers(0, a.size, size=(rounds, a.size))
+    ratios = a[idx].sum(1) / b[idx].sum(1)
+    return [float(np.percentile(ratios, 5)), float(np.percentile(ratios, 95))]
+
+
+def summarise_auto(
+    baseline_seconds, seconds, stats, chosen, predictions, identical=None
+) -> dict[str, Any]:
+    """The eval job's row for an auto-γ run (per-example records, same examples as the baseline).
+
+    Args:
+      baseline_seconds, seconds: float [examples] wall seconds of the baseline and auto.
+      stats: per example `SpeculativeStats` or `tree.TreeStats` (NumPy), None where γ = 0 ran.
+      chosen: per example the plan (γ, a tree shape or `auto_trees.plan_name`).
+      predictions: per example the predicted speed-up, None for a measurement call (the probe,
+        baseline timings).
+      identical: optional fraction of examples equal to the baseline's tokens.
+
+    Returns:
+      {'gamma': 'auto', 'gamma_chosen' {plan name: count} (γ increasing, then trees),
+      'baseline_timing_examples', 'probe_examples', 'speedup', 'median_example_speedup',
+      'alpha_beta' (chains' β; None without), 'alpha_display', 'tokens_per_iteration',
+      'predicted_speedup' (mean over predicted calls), 'identical_fraction',
+      'speculative_seconds'}.
+    """
+    base, secs = np.asarray(baseline_seconds), np.asarray(seconds)
+    ran = [s for s in stats if s is not None]
+    chains = [s for s in ran if not isinstance(s, tree_lib.TreeStats)]  # α: chains' β only
+    beta_sum = sum(float(np.sum(s.beta_sum)) for s in chains)
+    num_beta = sum(int(np.sum(s.num_beta)) for s in chains)
+    iterations = sum(int(np.sum(s.num_iterations)) for s in ran)
+    generated = sum(int(np.sum(s.num_generated)) for s in ran)
+    alpha = beta_sum / num_beta if num_beta else None
+    known = [p for p in predictions if p is not None]
+    names = [auto_trees.plan_name(g) for g in chosen]
+    order = sorted(set(names), key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n))
+    counts = {n: names.count(n) for n in order}
+    measuring = [n for n, p in zip(names, predictions, strict=True) if p is None]
+    return {
+        "gamma": "auto",
+        "gamma_chosen": counts,
+        "baseline_timing_examples": sum(1 for n in measuring if n == "0"),
+        "probe_examples": sum(1 for n in measuring if n != "0"),
+        "speedup": float(base.sum() / secs.sum()),
+        "median_example_speedup": float(np.median(base / secs)),
+        "alpha_beta": alpha,
+        "alpha_display": "off" if alpha is None else f"{alpha:.2f}",
+        "tokens_per_iteration": generated / iterations if iterations else None,
+        "predicted_speedup": float(np.mean(known)) if known else None,
+        "identical_fraction": identical,
+        "speculative_seconds": float(secs.sum()),
+    }

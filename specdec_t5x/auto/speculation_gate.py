@@ -1,35 +1,21 @@
 """Auto γ's gate: a run starts on the baseline and speculates only on its own timed evidence.
 
-`gamma_controller.GammaController` predicts each γ's speed-up from a cost curve measured before
-the run (and calibrated on the first batch) and refutes a γ only after `refute_min_calls` of its
-own calls lose even at their upper bound: a run of a handful of calls, or a machine whose load
-changed since the calibration, can lose to the baseline before any rule fires (a 5-example demo
-ran 0.69x: experiments/auto_gamma_short_runs/README.md). `SpeculationGate` sits between the
-controller's choice and the call and compares measured wall time only, on the run's own calls:
+The controller's curve is measured before the run; a short run or a machine whose load changed
+can lose before any of its rules fires (a 5-example demo ran 0.69x:
+experiments/auto_gamma_short_runs). `SpeculationGate` compares measured wall time only:
 
-* off (the start): every call is the baseline, except every `explore_every`-th call, which runs
-  the controller's plan (an exploration; the interval doubles after each failed verdict, up to
-  `explore_every · max_backoff`). After `evidence_calls` explored calls, on if their measured
-  speed-up exceeds `margin`, else off with the longer interval.
-* on: the controller's plan runs; the gate keeps the last `window` speculative calls and switches
-  off as soon as their measured speed-up is below 1 — against a baseline timed during the window:
-  if none was, it first re-times the baseline and judges the window against that call alone (a
-  machine slowed as a whole slows both alike); it also re-times the baseline when `refresh_every`
-  calls ran without one, so that the reference follows the machine's load.
+* off (the start): the baseline, except every `explore_every`-th call, which runs the
+  controller's plan (the interval doubles after each failed verdict, up to `max_backoff` times);
+  after `evidence_calls` explored calls, on if their speed-up exceeds `margin`;
+* on: the plan runs; off as soon as the last `window` speculative calls' speed-up is below 1
+  against a baseline timed during the window (if none was, it re-times the baseline first); the
+  baseline is re-timed every `refresh_every` calls.
 
-A speculative call's measured speed-up is ρ · baseline_ms(L) / wall, L its longest row's tokens,
-baseline_ms the cost curve's baseline call of L tokens (the call's shape: set-up and fixed work
-count) and ρ the median measured / modelled of the last `baseline_calls` baseline calls (the
-baseline as this machine runs it now); a set of calls' is ρ · Σ baseline_ms(L_i) / Σ wall_i.
-
-Bound N. If from some call on every speculative call is slower than the baseline as timed then
-(its speed-up < 1), the window holds only such calls after at most `window` (W) of them, so the
-gate is off — every later call γ = 0 except explorations — after W speculative calls and at most
-one re-timing of the baseline to judge them: within N = W + 1 + ⌈W / (R − 1)⌉ calls, counting the
-periodic re-timings among them (R = `refresh_every`): N = 4 + 1 + 1 = 6 calls with the defaults
-(`GateConfig.bound_calls`), of which at most 4 speculate. Explorations then cost at most one call in
-`explore_every` (4) while off, fewer after each failed verdict: a run that never pays loses at
-most (1 / explore_every) · (1 / s − 1) of the baseline's time at a speed-up s of its explored calls.
+A set of speculative calls' speed-up is ρ · Σ baseline_ms(L_i) / Σ wall_i (L_i their longest
+rows' tokens, baseline_ms the curve's baseline call, ρ the median measured / modelled of the last
+`baseline_calls` baseline calls). Bound: once every speculative call loses, the gate is off
+within N = W + 1 + ⌈W / (R − 1)⌉ calls (W = `window`, R = `refresh_every`; 6 with the defaults,
+at most 4 of them speculative: `GateConfig.bound_calls`).
 """
 
 from __future__ import annotations
@@ -44,16 +30,11 @@ from collections.abc import Callable
 
 @dataclasses.dataclass(frozen=True)
 class GateConfig:
-    """Knobs of `SpeculationGate` (module docstring: the rules and the bound they give).
+    """Knobs of `SpeculationGate` (its module docstring: the rules and their bound).
 
     Attributes:
-      explore_every: while off, every n-th call runs the controller's plan (>= 2).
-      evidence_calls: explored calls before a verdict (on / stay off), >= 1.
-      margin: measured speed-up the explored calls must exceed to switch on.
-      window: W, the speculative calls judged while on (>= 1): off once their speed-up < 1.
-      baseline_calls: B, baseline calls whose median measured / modelled is the reference ρ.
-      refresh_every: R, while on, a baseline call at least every R calls (>= 2).
-      max_backoff: the explore interval's largest multiple of `explore_every` (>= 1).
+      explore_every (>= 2), evidence_calls (>= 1), margin (> 0), window (W, >= 1),
+      baseline_calls (B, >= 1), refresh_every (R, >= 2), max_backoff (>= 1).
 
     Raises:
       ValueError: a knob out of its range.
@@ -68,14 +49,8 @@ class GateConfig:
     max_backoff: int = 8
 
     def __post_init__(self):
-        lows = {
-            "explore_every": 2,
-            "evidence_calls": 1,
-            "window": 1,
-            "baseline_calls": 1,
-            "refresh_every": 2,
-            "max_backoff": 1,
-        }
+        lows = dict(explore_every=2, evidence_calls=1, window=1, baseline_calls=1,
+                    refresh_every=2, max_backoff=1)  # fmt: skip
         for name, low in lows.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -102,10 +77,8 @@ class SpeculationGate:
       baseline_ms: modelled wall ms of a baseline call of L tokens (`CostCurve.baseline_call_ms`).
       config: the knobs (None: `GateConfig()`).
 
-    Use `choose(plan)` before a call (returns the plan to run and, if the gate changed or marked
-    it, its reason, else None) and `observe(plan, seconds, longest_tokens)` after it.
-    `history` has one record per observed call: {'plan' (γ or tree shape), 'on', 'reason',
-    'speedup' (the call's measured speed-up; None for a baseline call)}.
+    `choose(plan)` before a call, `observe(plan, seconds, longest_tokens)` after it. `history`:
+    per call {'plan', 'on', 'reason', 'speedup' (None for a baseline call)}.
     """
 
     def __init__(self, baseline_ms: Callable[[float], float], config: GateConfig | None = None):

@@ -1,6 +1,6 @@
 """c and verify/step of an eval run: the step timer's one probe, and the run's own extra calls.
 
-`measure` prices the run's steps with the step timer (`timing.loops.measure_step_costs`: one
+`measure` prices the run's steps with the step timer (`timing.step_timer.step_costs`: one
 compiled probe) and, with the diagnostics, from `RunCostCalls`, the extra calls beside the timed
 ones (`timing.loops.run_costs`); `eval.costs.degenerate` flags a measurement that is no cost.
 """
@@ -20,7 +20,7 @@ from specdec_t5x.eval import costs as costs_lib
 from specdec_t5x.eval import rows
 from specdec_t5x.sampling import SamplingSettings
 from specdec_t5x.speculation import Speculation
-from specdec_t5x.timing import loops, overheads
+from specdec_t5x.timing import loops, overheads, step_timer
 
 logger = logging.getLogger(__name__)
 
@@ -99,18 +99,10 @@ class RunCostCalls:
         return dict(self.seconds), dict(self.units)
 
 
-def measure(
-    spec_model,
-    target_params,
-    draft_params,
-    batches: Sequence[tuple[int, Mapping[str, Any]]],
-    target_len: int,
-    gamma: int,
-    settings: Mapping[str, Any],
-    cost_calls: RunCostCalls | None,
-    repeats: int,
-    baseline_sampler: str = "t5x",
-) -> tuple[dict[str, Any], dict[str, float] | None]:
+def measure(spec_model, target_params, draft_params,
+            batches: Sequence[tuple[int, Mapping[str, Any]]], target_len: int, gamma: int,
+            settings: Mapping[str, Any], cost_calls: RunCostCalls | None, repeats: int,
+            baseline_sampler: str = "t5x") -> tuple[dict[str, Any], dict[str, float] | None]:  # fmt: skip
     """The run's costs: (`loops.run_costs`' dict, or the step timer's; the loops' own work).
 
     Args:
@@ -127,38 +119,26 @@ def measure(
       reasons, empty when the measurement is sound), the loop-work dict or None).
     """
     first = batches[0][1]["encoder_input_tokens"]
-    costs = loops.measure_step_costs(
+    costs = step_timer.step_costs(
         spec_model, target_params, draft_params, first, target_len, gamma, repeats=repeats
     )
     work = None
     sampling_keys = {k: settings[k] for k in ("temperature", "topk", "topp") if k in settings}
     if cost_calls is not None:
+        shape = (first.shape[0], spec_model.module.config.vocab_size, target_len, gamma)
         work = overheads.measure_loop_ms(
-            first.shape[0],
-            spec_model.module.config.vocab_size,
-            target_len,
-            gamma,
-            sampling_keys,
-            spec_model.eos_id,
-            repeats,
-            baseline_sampler=baseline_sampler,
+            *shape, sampling_keys, spec_model.eos_id, repeats, baseline_sampler=baseline_sampler
         )
         try:
             costs = loops.run_costs(*cost_calls.measured(), gamma, work, costs)
         except ValueError as err:  # every output within 2 tokens or one iteration
             logger.warning("%s; c and verify/step from the decode loops instead.", err)
+            sources = [b["encoder_input_tokens"] for _, b in batches[:4]]
             costs = loops.loop_costs(
-                spec_model,
-                target_params,
-                draft_params,
-                [b["encoder_input_tokens"] for _, b in batches[:4]],
-                target_len,
-                gamma,
-                sampling_keys,
-                costs,
-                repeats=max(3, repeats // 2),
+                spec_model, target_params, draft_params, sources, target_len, gamma,
+                sampling_keys, costs, repeats=max(3, repeats // 2),
                 baseline_sampler=baseline_sampler,
-            )
+            )  # fmt: skip
     costs["degenerate"] = costs_lib.degenerate(costs, gamma)
     if costs["degenerate"]:
         logger.warning(

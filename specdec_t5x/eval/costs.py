@@ -1,9 +1,5 @@
-"""Whether an eval run's c and verify/step are costs at all (`degenerate`), for every cost path.
-
-The measurements themselves are the cost probe's (`eval.cost_probe`: the step timer, and with the
-diagnostics the run's own extra calls); `degenerate` says when one is not a cost (the run's calls,
-the decode loops, the step timer alone), so that the tables print "n/a (degenerate: ...)" instead
-of a number.
+"""Whether an eval run's c and verify/step are costs at all (`degenerate`), for every cost path
+(the measurements are `eval.cost_probe`'s); the tables print "n/a (degenerate: ...)" otherwise.
 """
 
 from __future__ import annotations
@@ -20,26 +16,13 @@ DRAFT_FLOOR_MS = 1e-5
 
 
 def degenerate(costs: Mapping[str, Any], gamma: int) -> list[str]:
-    """Why a cost measurement is not a cost (empty: sound); one check for every cost path.
+    """Why a cost measurement is not a cost (empty: sound), for every cost path: `costs` is
+    `loops.run_costs`'s, `loops.loop_costs`'s or `step_timer.step_costs`'s dict at γ = `gamma`.
 
-    `costs` is `loops.run_costs`'s, `loops.loop_costs`'s or `step_timer.step_costs`'s dict (the
-    step timer alone: `LOOP_COSTS=False`, `--quick`). In each, c is the iteration's drafting,
-    (iteration - verify) / (γ T(1)). Flags:
-
-    * a target step <= 1e-3 ms (a slope floored at zero);
-    * a draft step that no reading resolves: alone (the step timer's lone loop) at or below
-      `DRAFT_FLOOR_MS` and in the loop (iteration - verify) <= 0;
-    * a verify call dearer than its whole iteration by more than `CAP_TOLERANCE` (its
-      uncapped reading: `verify_only_ms`, or the step timer's `verify_step_ms`; within it the
-      draft is nearly free and c reads ~0);
-    * interference (iteration - verify - γ lone draft steps) below -`NOISE_FRACTION` of the
-      iteration: the loop drafted for less than the draft costs alone;
-    * c outside [0, 1) (a draft step as dear as the target's is no draft) and verify/step
-      outside [0.5, γ + 2].
-
-    Example (a `--quick` run at load 5–15, step timer alone): draft_step_ms 1e-06,
-    verify_step_ms 8.33, iteration_ms 5.90, interference_ms -2e-06, c 0.0 -> the draft step and
-    the verify call are flagged, and the table prints "n/a (degenerate: ...)", not c = 0.000.
+    Flags a target step <= 1e-3 ms; a draft step no reading resolves (alone <= `DRAFT_FLOOR_MS`
+    and c <= 0); a verify call (before any cap) dearer than its iteration by more than
+    `CAP_TOLERANCE`; interference below -`NOISE_FRACTION` of the iteration; c outside [0, 1);
+    verify/step outside [0.5, γ + 2]. The tables then print "n/a (degenerate: ...)".
     """
     reasons = []
     show = lambda x: "missing" if x is None else f"{float(x):.4g}"  # noqa: E731

@@ -146,7 +146,7 @@ def c_cell(m: dict[str, Any]) -> str:
 
 
 def auto_choices(m: dict[str, Any]) -> str:
-    """'off×a, baseline timing×b, 2×c, …' of an auto row (`auto_gamma.summarise_auto`)."""
+    """'off×a, baseline timing×b, 2×c, …' of an auto row (`auto.row.summarise_auto`)."""
     timing = m.get("baseline_timing_examples", 0)
     parts = []
     for g, n in m["gamma_chosen"].items():

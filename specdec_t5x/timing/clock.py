@@ -1,27 +1,14 @@
-"""Cost of one decoder step: the paper's c and the cost of scoring γ + 1 tokens at once.
+"""Interleaved timing, paired ratios, and the timed loops and zero-cost models they run.
 
-Speculative decoding's expected speed-up (Leviathan et al., 2022, Theorem 3.8) depends on
-
-* c = (time of one draft step) / (time of one target step), both one-token cached decoder calls;
-* the cost of the target's verify call on γ + 1 tokens relative to its one-token step
-  (`verify_cost_ratio`; the paper assumes ~1 when the target is memory bound).
-
-`measure_step_costs` times exactly the calls the samplers make (`steps.make_block_step` on a
-cache created by `steps.init_cache`), with random weights, so any two model sizes can be compared
-without checkpoints. Each step is jit-compiled once, warmed up, then timed with
-`block_until_ready` in interleaved rounds (target, draft, verify, in rotating order) so that
-machine noise hits all three alike; the median of the rounds is reported.
+Every timed call is jit-compiled once, warmed up, then timed with `block_until_ready` in
+interleaved rounds, so that machine noise hits all calls of a round alike.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import pathlib
-import signal
 import statistics
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -30,26 +17,16 @@ import numpy as np
 
 from specdec_t5x import decoding
 
+# A loop's per-step slope is floored here (ms): a slope below the timer's noise can read <= 0.
+FLOOR_MS = 1e-6
+# The long loop's length in short loops (`step_timer.time_decoder_steps`).
+LONG_LOOP = 4
+
 
 def call_order(names: Sequence[Hashable], index: int, seed: int = 0) -> list:
-    """The order in which to run `names` on example `index`: a permutation seeded by (seed, index).
-
-    Interleaved comparisons run every function once per example; who goes first (after which
-    function, with whose weights in the caches) must not correlate with the examples. Alternating
-    the order by parity did: the DDTP test split alternates short synopses and long descriptions,
-    so "who goes first" was confounded with the example's length (an A/A comparison of the
-    baseline with itself read 0.92× in one Table 2 run). A seeded permutation per example gives
-    every function every position with equal probability, independent of the examples, and is
-    the same on every process and every rerun.
-
-    Args:
-      names: the functions' keys.
-      index: the example (or batch) index, >= 0.
-      seed: run seed.
-
-    Returns:
-      list: `names` permuted.
-    """
+    """`names` permuted by a generator seeded with (seed, index): who goes first on example
+    `index` (>= 0) never correlates with the examples (an order by parity did, on a split that
+    alternates short and long examples), and is the same on every process and rerun."""
     perm = np.random.default_rng([seed, index]).permutation(len(names))
     return [names[j] for j in perm]
 
@@ -63,17 +40,14 @@ def time_interleaved(
     """Milliseconds per call: compiled and warmed up first, then rounds in rotating order.
 
     Args:
-      calls: name (any hashable key) -> zero-argument function returning arrays (blocked on with
-        `jax.block_until_ready`).
-      repeats: timed rounds; each round times every call once.
+      calls: key -> zero-argument function returning arrays (blocked on).
+      repeats: timed rounds; each times every call once.
       warmup: untimed rounds after the first (compiling) one.
-      shuffle: each round in a seeded random order (`call_order`) instead of a rotation. In a
-        rotation a call follows the same call in all rounds but one, so a call that warms the
-        CPU's caches for the next (a short loop before the same loop made longer) biases their
-        difference; a random order gives every call every predecessor alike.
+      shuffle: each round in `call_order` instead of a rotation (in a rotation a call follows the
+        same call in all rounds but one, which biases calls that warm the caches for the next).
 
     Returns:
-      name -> list of `repeats` wall-clock durations in milliseconds.
+      key -> `repeats` wall-clock durations, ms.
     """
     names = list(calls)
 
@@ -96,19 +70,11 @@ def time_interleaved(
 
 
 def paired_ratio(numerator_ms: Sequence[float], denominator_ms: Sequence[float]) -> float:
-    """Median over rounds of numerator / denominator timed in the same round (dimensionless).
-
-    `time_interleaved` times every call once per round, back to back, so the two calls of a round
-    share the machine's state (clock, the other core's load); the ratio within a round cancels
-    what they share, where a ratio of two separate medians does not (the same models once read a
-    verify ratio of 1.11 in one Table 3 row and 1.36 in the next, the step times' spreads
-    overlapping by 30 %).
+    """Median over rounds of numerator / denominator of the same round (what the round's two
+    calls share, the machine's clock and load, cancels; a ratio of medians keeps it).
 
     Args:
-      numerator_ms, denominator_ms: float [rounds] durations of two calls, round by round.
-
-    Returns:
-      The median of the per-round ratios.
+      numerator_ms, denominator_ms: float [rounds] durations, round by round.
 
     Raises:
       ValueError: lengths differ, no rounds, or a denominator <= 0.
@@ -122,13 +88,6 @@ def paired_ratio(numerator_ms: Sequence[float], denominator_ms: Sequence[float])
         raise ValueError(f"paired_ratio needs positive denominators; got {min(denominator_ms)}.")
     ratios = [a / b for a, b in zip(numerator_ms, denominator_ms, strict=True)]
     return float(statistics.median(ratios))
-
-
-# A loop's per-step slope is floored here (ms): a step cheaper than the timer's noise (tiny test
-# models) can read <= 0 in a round, and the ratios need positive step costs.
-FLOOR_MS = 1e-6
-# The long loop's length in short loops (`time_decoder_steps`).
-LONG_LOOP = 4
 
 
 def loop(step: Callable[..., Any]) -> Callable[..., Any]:
@@ -149,13 +108,10 @@ def loop(step: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def iterations(target_step, draft_step, gamma: int) -> Callable[..., Any]:
-    """n speculative iterations' model calls in one loop: γ draft steps, then a verify call.
-
-    Each call's tokens depend on the previous call's logits (as in the decode loop, where the
-    draft reads the last accepted token and the target reads the draft's tokens), so nothing
-    overlaps. Returns `(target_args, draft_args, one int32 [batch, 1], block int32 [batch, γ + 1],
-    positions int32 [batch], (target_cache, draft_cache), n) -> (float32 [batch], caches)`.
-    """
+    """n speculative iterations' model calls in one loop: γ draft steps, then a verify call, each
+    call's tokens depending on the previous logits (nothing overlaps). Returns `(target_args,
+    draft_args, one int32 [batch, 1], block int32 [batch, γ + 1], positions int32 [batch],
+    (target_cache, draft_cache), n) -> (float32 [batch], caches)`."""
 
     def run(target_args, draft_args, one, block, positions, caches, n):
         def body(_, carry):
@@ -174,39 +130,9 @@ def iterations(target_step, draft_step, gamma: int) -> Callable[..., Any]:
     return run
 
 
-def looped_steps(step: Callable[..., Any], steps_per_call: int) -> Callable[..., Any]:
-    """`step` run `steps_per_call` times in one jitted `lax.fori_loop`, the cache as loop carry.
-
-    Args:
-      step: `(*args, tokens int32 [batch, k], positions int32 [batch], cache) -> (logits float32
-        [batch, k, vocab], cache)`.
-      steps_per_call: loop length.
-
-    Returns:
-      jitted `(args tuple, tokens, positions, cache) -> (float32 [batch] sum of one logit per step,
-      which keeps the logits live, cache)`; the cache argument is donated.
-    """
-    run = loop(step)
-    return jax.jit(lambda a, t, p, c: run(a, t, p, c, steps_per_call), donate_argnums=(3,))
-
-
-@contextlib.contextmanager
-def paused(pid_file: str | os.PathLike | None) -> Iterator[None]:
-    """SIGSTOPs the process whose id is in `pid_file` (e.g. a background training job) inside the
-    block and SIGCONTs it after, whatever happens; does nothing when `pid_file` is None."""
-    pid = int(pathlib.Path(pid_file).read_text().strip()) if pid_file else None
-    if pid:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        if pid:
-            os.kill(pid, signal.SIGCONT)
-
-
 def one_token_logits(block_step) -> decoding.TokensToLogits:
-    """A `steps.BlockStep` as T5X's `tokens_to_logits(DecodingState) -> ([B, vocab], cache)` (the
-    timing loops' copy of `models.one_token_logits_fn`: the instruments stay below the models)."""
+    """A `steps.BlockStep` as T5X's `tokens_to_logits(DecodingState) -> (float32 [B, vocab],
+    cache)` (the timers' copy of `models.one_token_logits_fn`: they stay below the models)."""
 
     def tokens_to_logits(state: decoding.DecodingState):
         logits, cache = block_step(state.cur_token, state.cur_index, state.cache)
@@ -227,31 +153,16 @@ def constant_step(vocab: int, eos_id: int):
     return step
 
 
-def zero_cost_decode(
-    sampler,
-    gamma: int = 1,
-    *,
-    batch: int,
-    vocab: int,
-    max_decode_len: int,
-    max_decode_steps: int,
-    settings: Mapping[str, Any],
-    eos_id: int,
-    verification: str = "token",
-    baseline_sampler: str = "t5x",
-):
-    """A jitted zero-argument decode call with zero-cost models (`constant_step`), to time.
+def zero_cost_decode(sampler, gamma: int = 1, *, batch: int, vocab: int, max_decode_len: int,
+                     max_decode_steps: int, settings: Mapping[str, Any], eos_id: int,
+                     verification: str = "token", baseline_sampler: str = "t5x"):  # fmt: skip
+    """A jitted `() -> int32 [batch, max_decode_len]` decode with zero-cost models
+    (`constant_step`; PRNG key fixed), to time.
 
     Args:
-      sampler: a `speculative.speculative_sample`-compatible function (target and draft both the
-        constant step, `gamma` drafts), or None for the baseline `decoding.temperature_sample`.
-      gamma: γ (speculative only); batch, vocab, max_decode_len: decode shapes;
-      max_decode_steps: tokens to generate; settings: {'temperature', 'topk', 'topp'}; eos_id;
-      verification: 'token' or 'block' (speculative only).
-      baseline_sampler: the baseline's draw (`decoding.SAMPLERS`; baseline only).
-
-    Returns:
-      () -> int32 [batch, max_decode_len] decodes (PRNG key fixed).
+      sampler: `speculative.speculative_sample` or a compatible function (`gamma`, `verification`
+        apply), or None for `decoding.temperature_sample` (`baseline_sampler`: its draw).
+      settings: {'temperature', 'topk', 'topp'}; the rest: decode shapes, tokens and EOS id.
     """
     step = constant_step(vocab, eos_id)
     inputs = jnp.zeros((batch, max_decode_len), jnp.int32)
@@ -263,18 +174,8 @@ def zero_cost_decode(
             inputs, cache, one_token, eos_id, r, sampler=baseline_sampler, **common
         )
     else:
-        fn = lambda r: sampler(
-            inputs,
-            cache,
-            step,
-            cache,
-            step,
-            eos_id,
-            gamma=gamma,
-            decode_rng=r,
-            verification=verification,
-            **common,
-        )
+        fn = lambda r: sampler(inputs, cache, step, cache, step, eos_id, gamma=gamma,
+                               decode_rng=r, verification=verification, **common)  # fmt: skip
     jitted = jax.jit(lambda r: fn(r)[0])
     rng = jax.random.PRNGKey(1)
     return lambda: jitted(rng)

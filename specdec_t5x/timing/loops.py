@@ -1,13 +1,13 @@
 """c and verify/step as the decode loops pay them (paper §3.4, Theorem 3.8's costs).
 
-* `run_costs`: from the run's own calls: each timed call beside the same call stopped after 2
-  tokens (and the speculative call with `ZeroCostDraft`, whose iterations are the verify call
-  alone); full minus short prices the extra tokens or iterations, set-up cancelled, the loops' own
-  work (`overheads.measure_loop_ms`) taken off. What the eval job reports with the diagnostics.
-* `loop_costs`: the real decode loops timed on the first batches' caches, by slope in their
-  length; the fallback when every output is too short for `run_costs`, and auto γ's curve.
-* `measure_step_costs`: the step timer's one probe (`step_timer.step_costs`): the eval job's
-  c and verify/step without the diagnostics.
+* `run_costs`: from the run's own calls, each beside the same call stopped after 2 tokens (the
+  eval job's with the diagnostics);
+* `loop_costs`: the real decode loops timed on the first batches' caches (auto γ's cost curve,
+  and the diagnostics' fallback when the outputs are too short for `run_costs`).
+
+Both take the loops' own work (`overheads.measure_loop_ms`) off, and cap the verify call at its
+iteration's cost: the zero-cost-draft loop, a program of its own, read up to 0.19 ms more per
+iteration than the real loop (experiments/loop_costs_stability).
 """
 
 from __future__ import annotations
@@ -26,74 +26,44 @@ from specdec_t5x.timing import clock, overheads, step_timer
 Array = jax.Array
 
 
-def loop_costs(
-    spec_model,
-    target_params,
-    draft_params,
-    encoder_input_tokens: Array | Sequence[Array],
-    max_decode_len: int,
-    gamma: int,
-    settings: Mapping[str, Any],
-    timer_costs: Mapping[str, Any] | None = None,
-    *,
-    repeats: int = 15,
-    verification: str = "token",
-    baseline_sampler: str = "t5x",
-) -> dict[str, Any]:
-    """Theorem 3.8's step costs as the decode loops pay them: T(1), the verify call and c.
+def loop_costs(spec_model, target_params, draft_params,
+               encoder_input_tokens: Array | Sequence[Array], max_decode_len: int, gamma: int,
+               settings: Mapping[str, Any], timer_costs: Mapping[str, Any] | None = None, *,
+               repeats: int = 15, verification: str = "token",
+               baseline_sampler: str = "t5x") -> dict[str, Any]:  # fmt: skip
+    """Theorem 3.8's step costs as the real decode loops pay them: T(1), the verify call and c.
 
-    The step timer (`step_costs`) times each model's calls in a loop of their own; the decode
-    loops pay more for them. On the 2-core CPU the real speculative loop with a zero-cost draft
-    spent 0.74 ms per iteration on a verify call that the step timer priced at 0.65 ms, and a real
-    draft after each verify call is read back from DRAM (results/verify_cost/
-    loop_interference.md). Here the real loops run on caches built once (set-up not timed), on
-    every source given (the run's first batches; one batch's outputs are too short and its
-    timings too noisy to price a run), pooled:
-
-    * the baseline (`decoding.temperature_sample`, the target alone): T(1) per token;
-    * the speculative loop with the real target and a zero-cost draft (`clock.
-      constant_step`): the verify call per iteration;
-    * the speculative loop with both models real: one iteration's model calls;
-
-    each at two lengths: `max_decode_steps` 2 and max_decode_len, ending at the real EOS, so the
-    loops decode the positions the run decodes. Where that leaves fewer than 2 units per source
-    between the two lengths (outputs of one or two blocks), the loops run max_decode_len // 4
-    and max_decode_len tokens with EOS replaced by an id the baseline does not emit
-    (`timing_eos_id`). Tokens and iterations are counted, not assumed. Per unit = the slope
-    between the two lengths, summed over the sources within a round (a call's fixed cost
-    cancels), minus the loop's own work per unit (`measure_loop_ms`); medians over
-    rounds of the ratios within a round.
-
-    The zero-cost-draft loop is its own compiled program, and on this CPU it spent 0.03-0.19 ms
-    more per iteration than the real loop with a unigram draft in it (experiments/loop_costs_stability): a verify call costs no more than the iteration it is part of,
-    so the verify cost is capped at the iteration's (`verify_capped`; the loop's own reading is
-    kept as `verify_only_ms`). c = (iteration - verify) / (γ T(1)) and verify_cost_ratio = verify
-    / T(1), so Theorem 3.8 with these inputs is E(α, γ) T(1) / iteration.
+    On caches built once from each source (set-up not timed), the baseline loop (T(1) per token),
+    the speculative loop with a zero-cost draft (`clock.constant_step`: the verify call per
+    iteration) and with both models (one iteration) each run `max_decode_steps` 2 and
+    max_decode_len, ending at the real EOS. Where that leaves fewer than 2 units per source
+    between the lengths, they run max_decode_len // 4 and max_decode_len with EOS replaced by an
+    id the baseline does not emit (`timing_eos_id`). Per unit = the slope between the lengths,
+    summed over the sources per round, less the loop's own work; medians of per-round ratios.
+    c = (iteration - verify) / (γ T(1)), verify_cost_ratio = verify / T(1).
 
     Args:
       spec_model: a `models.SpeculativeEncoderDecoderModel`; target_params, draft_params: raw or
         packed; encoder_input_tokens: int32 [batch, enc_len], or a sequence of such arrays of
         one shape (pooled); max_decode_len: L (tokens); gamma: γ >= 1; settings:
         {'temperature', 'topk', 'topp'}.
-      timer_costs: `step_timer.step_costs`'s dict at this γ, for `c_alone` (its lone draft step over this
-        T(1)) and `interference_ms`; None: those two are left out.
+      timer_costs: `step_timer.step_costs`'s dict, for 'c_alone' and 'interference_ms' (None:
+        left out).
       repeats: timed rounds; verification: 'token' or 'block'; baseline_sampler: the baseline's
         draw (`decoding.SAMPLERS`).
 
     Returns:
-      {'target_step_ms', 'verify_step_ms', 'iteration_ms', 'draft_step_ms' ((iteration - verify)
-      / γ) (ms), 'c', 'verify_cost_ratio', 'verify_only_ms' (the zero-cost-draft loop's verify
-      call, before the cap), 'verify_capped' (bool), 'c_alone', 'interference_ms' (iteration -
-      verify - γ lone draft steps, ms per iteration), 'loop_work_ms' {'per_token',
-      'per_iteration'}, 'slopes_ms' {'baseline', 'speculative', 'verify_only'} (before the loop
-      work is taken off), 'units' {loop: [units at each length, summed over sources]},
-      'decode_steps', 'sources' (their count), 'timing_eos_id' (None: the real EOS), 'repeats',
-      and 'step_timer' (the dict given)}.
+      {'target_step_ms', 'verify_step_ms', 'iteration_ms', 'draft_step_ms' (ms), 'c',
+      'verify_cost_ratio', 'verify_only_ms' (before the cap), 'verify_capped', 'c_alone',
+      'interference_ms' (ms per iteration), 'loop_work_ms' {'per_token', 'per_iteration'},
+      'slopes_ms' {loop: ms per unit, loop work included}, 'units' {loop: [units at each
+      length]}, 'decode_steps', 'sources', 'timing_eos_id' (None: the real EOS), 'repeats',
+      'step_timer'}.
 
     Raises:
       ValueError: gamma < 1, max_decode_len < 4, no sources or sources of different shapes, no
-        timing EOS id found among the vocabulary's last 8 ids, or a loop whose two lengths ran
-        the same number of units.
+        timing EOS among the vocabulary's last 8 ids, or a loop that ran the same number of units
+        at both lengths.
     """
     if gamma < 1 or max_decode_len < 4:
         raise ValueError(f"need gamma >= 1 and max_decode_len >= 4; got {gamma}, {max_decode_len}.")
@@ -132,18 +102,10 @@ def loop_costs(
         def run(tp, dp, e, tc, dc, n):
             draft_step = free if free_draft else draft.make_step(dp, e)
             _, stats = speculative.speculative_sample(
-                inputs,
-                tc,
-                steps.make_block_step(module, tp, e),
-                free_cache if free_draft else dc,
-                draft_step,
-                eos,
-                gamma=gamma,
-                decode_rng=rng,
-                max_decode_steps=n,
-                verification=verification,
-                **settings,
-            )
+                inputs, tc, steps.make_block_step(module, tp, e), free_cache if free_draft else dc,
+                draft_step, eos, gamma=gamma, decode_rng=rng, max_decode_steps=n,
+                verification=verification, **settings,
+            )  # fmt: skip
             return jnp.max(stats.num_iterations)
 
         return jax.jit(run)
@@ -215,18 +177,12 @@ def loop_costs(
         ]
         for name in names
     }
+    eos = spec_model.eos_id if timing_eos is None else timing_eos
     work = overheads.measure_loop_ms(
-        batch,
-        vocab,
-        max_decode_len,
-        gamma,
-        settings,
-        spec_model.eos_id if timing_eos is None else timing_eos,
-        repeats,
-        verification=verification,
+        batch, vocab, max_decode_len, gamma, settings, eos, repeats, verification=verification
     )
     per_token, per_iteration = work["baseline_per_token_ms"], work["speculative_per_iteration_ms"]
-    floor = 1e-6
+    floor = clock.FLOOR_MS
     t1 = [max(b - per_token, floor) for b in slopes["baseline"]]
     verify = [max(v - per_iteration, floor) for v in slopes["verify_only"]]
     iteration = [max(s - per_iteration, floor) for s in slopes["speculative"]]
@@ -255,22 +211,24 @@ def loop_costs(
         "timing_eos_id": timing_eos,
         "repeats": repeats,
     }
+    return _beside_timer(out, timer_costs, gamma)
+
+
+def _beside_timer(out: dict[str, Any], timer_costs, gamma: int) -> dict[str, Any]:
+    """`out` with the step timer's dict and, from its lone draft step, 'c_alone' and
+    'interference_ms' (the iteration's drafting beyond γ lone draft steps, ms)."""
     if timer_costs is not None:
-        lone = timer_costs["draft_step_ms"]
-        out["c_alone"] = lone / out["target_step_ms"]
-        out["interference_ms"] = gamma * out["draft_step_ms"] - gamma * lone
         out["step_timer"] = dict(timer_costs)
+        if "draft_step_ms" in timer_costs:
+            lone = timer_costs["draft_step_ms"]
+            out["c_alone"] = lone / out["target_step_ms"]
+            out["interference_ms"] = gamma * out["draft_step_ms"] - gamma * lone
     return out
 
 
 class ZeroCostDraft(drafts.Draft):
-    """A draft that costs nothing: the same logits row at every position (`clock.
-    constant_step`, EOS never proposed). With it the speculative loop's iterations cost the
-    verify call plus the loop's own work, which `run_costs` takes as the verify call's cost.
-
-    Args:
-      vocab_size: V of the target; eos_id: the id never proposed.
-    """
+    """A draft that costs nothing (`clock.constant_step`, EOS never proposed): the speculative
+    loop's iterations with it cost the verify call plus the loop's own work."""
 
     def __init__(self, vocab_size: int, eos_id: int):
         self.params = {}
@@ -287,50 +245,32 @@ class ZeroCostDraft(drafts.Draft):
 RUN_COST_CALLS = ("baseline", "speculative", "verify_only")
 
 
-def run_costs(
-    seconds: Mapping[tuple[str, str], Sequence[float]],
-    units: Mapping[tuple[str, str], Sequence[int]],
-    gamma: int,
-    loop_work_ms: Mapping[str, float],
-    timer_costs: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+def run_costs(seconds: Mapping[tuple[str, str], Sequence[float]],
+              units: Mapping[tuple[str, str], Sequence[int]], gamma: int,
+              loop_work_ms: Mapping[str, float],
+              timer_costs: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Theorem 3.8's step costs from the run's own decode calls: T(1), the verify call and c.
 
-    The eval job times, on every batch and in its seeded random order beside the timed calls,
-    each of `RUN_COST_CALLS` (the baseline; the speculative call at this γ; the speculative call
-    with `ZeroCostDraft`, whose iterations are the verify call) in full ('full') and stopped
-    after 2 tokens ('short', `max_decode_steps` 2). A full call minus its short call is the cost
-    of its extra tokens or iterations (the encoder, the cache set-up and the call's fixed cost
-    cancel), summed over the run and divided by the extra units, less the loop's own work per
-    unit. The costs are thus the run's, at its time: on this VM the same loops timed minutes
-    apart read T(1) 10-50 % apart (experiments/loop_costs_stability).
-
-    A verify call costs no more than the iteration it is part of: the zero-cost-draft loop, a
-    program of its own, read up to 0.19 ms per iteration more than the real loop with a unigram
-    draft in it (experiments/loop_costs_stability), so the verify cost is capped at the iteration's
-    (`verify_capped`; the uncapped reading is `verify_only_ms`). c = (iteration - verify) / (γ
-    T(1)), verify_cost_ratio = verify / T(1), so Theorem 3.8 with them is E(α, γ) T(1) /
-    iteration.
+    Per batch the eval job times each of `RUN_COST_CALLS` (the baseline; the speculative call at
+    γ; the speculative call with `ZeroCostDraft`: the verify call) in full ('full') and stopped
+    after 2 tokens ('short'). Full minus short over the run, per extra unit and less the loop's
+    own work, prices a unit (set-up and fixed costs cancel), at the run's own time.
 
     Args:
-      seconds: {(call, 'full' | 'short'): float [batches] wall seconds}, for each call in
-        `RUN_COST_CALLS`.
+      seconds: {(call, 'full' | 'short'): float [batches] wall seconds} for each call.
       units: the same keys: int [batches] tokens (baseline: the longest row's, EOS counted) or
-        iterations (the speculative calls: the most of any row).
+        iterations (speculative: the most of any row).
       gamma: γ of the speculative calls (>= 1).
-      loop_work_ms: `measure_loop_ms`'s dict (its 'baseline_per_token_ms' and
-        'speculative_per_iteration_ms').
-      timer_costs: `step_timer.step_costs`'s dict at this γ, for `c_alone` and `interference_ms`; None: left
-        out.
+      loop_work_ms: `overheads.measure_loop_ms`'s dict.
+      timer_costs: `step_timer.step_costs`'s dict, for 'c_alone' and 'interference_ms' (None:
+        left out).
 
     Returns:
-      {'target_step_ms', 'verify_step_ms', 'iteration_ms', 'draft_step_ms' (ms), 'c',
-      'verify_cost_ratio', 'verify_only_ms', 'verify_capped', 'c_alone', 'interference_ms',
-      'loop_work_ms', 'slopes_ms' {call: ms per unit before the loop work is taken off},
-      'units' {call: [short, full] summed over batches}, 'batches', 'calls' {'call/length':
+      `loop_costs`' keys (but 'decode_steps', 'sources', 'timing_eos_id', 'repeats'), with
+      'units' {call: [short, full] summed over batches}, plus 'batches', 'calls' {'call/length':
       {'seconds': float [batches], 'units': int [batches]}}, 'interval' {'c',
       'verify_cost_ratio', 'iteration_ratio': [5th, 95th percentile] of a bootstrap over
-      batches}, 'source': 'run', and 'step_timer'}.
+      batches} and 'source': 'run'.
 
     Raises:
       ValueError: gamma < 1, a missing key, lists of different lengths or empty, or a call whose
@@ -372,9 +312,10 @@ def run_costs(
         return out
 
     def costs(slopes):
-        t1 = max(slopes["baseline"] - work["baseline"], 1e-6)
-        iteration = max(slopes["speculative"] - work["speculative"], 1e-6)
-        verify = max(slopes["verify_only"] - work["verify_only"], 1e-6)
+        floor = clock.FLOOR_MS
+        t1 = max(slopes["baseline"] - work["baseline"], floor)
+        iteration = max(slopes["speculative"] - work["speculative"], floor)
+        verify = max(slopes["verify_only"] - work["verify_only"], floor)
         return t1, iteration, min(verify, iteration), verify
 
     everything = np.arange(n)
@@ -395,10 +336,7 @@ def run_costs(
         "verify_cost_ratio": verify / t1,
         "verify_only_ms": verify_only,
         "verify_capped": bool(verify_only > iteration),
-        "loop_work_ms": {
-            "per_token": work["baseline"],
-            "per_iteration": work["speculative"],
-        },
+        "loop_work_ms": {"per_token": work["baseline"], "per_iteration": work["speculative"]},
         "slopes_ms": slopes,
         "units": {
             call: [int(cnt[(call, "short")].sum()), int(cnt[(call, "full")].sum())]
@@ -420,34 +358,4 @@ def run_costs(
         },
         "source": "run",
     }
-    if timer_costs is not None:
-        out["step_timer"] = dict(timer_costs)
-        if "draft_step_ms" in timer_costs:
-            lone = timer_costs["draft_step_ms"]
-            out["c_alone"] = lone / t1
-            out["interference_ms"] = iteration - verify - gamma * lone
-    return out
-
-
-def measure_step_costs(
-    spec_model,
-    target_params,
-    draft_params,
-    encoder_input_tokens: np.ndarray,
-    max_decode_len: int,
-    gamma: int,
-    position: int = 8,
-    repeats: int = 30,
-) -> dict[str, Any]:
-    """c and the verify-cost ratio of this run's target and draft: the step timer's one probe
-    (`step_timer.step_costs`: one cached target step, one draft step, one γ + 1 verify step and
-    one speculative iteration's calls at decoder position `position`, each a loop's slope in its
-    length, caches built from `encoder_input_tokens`, int32 [batch, enc_len]). The decode loops
-    pay more (`loop_costs`, `run_costs`: the eval job's with the diagnostics).
-
-    Returns:
-      `step_timer.step_costs`' dict: {'target_step_ms', 'draft_step_ms', 'verify_step_ms' (ms),
-      'c' (the iteration's drafting / γ target steps), 'c_alone', 'verify_cost_ratio', ...}.
-    """
-    pair = (spec_model, target_params, draft_params, encoder_input_tokens, max_decode_len, gamma)
-    return step_timer.step_costs(*pair, position=position, repeats=repeats)
+    return _beside_timer(out, timer_costs, gamma)

@@ -17,33 +17,26 @@ from specdec_t5x.timing import clock
 Array = jax.Array
 
 
-def measure_setup_ms(
-    spec_model,
-    target_params,
-    draft_params,
-    encoder_input_tokens: Array,
-    max_decode_len: int,
-    repeats: int = 20,
-    sources: Sequence[Array] | None = None,
-) -> dict[str, Any]:
+def measure_setup_ms(spec_model, target_params, draft_params, encoder_input_tokens: Array,
+                     max_decode_len: int, repeats: int = 20,
+                     sources: Sequence[Array] | None = None) -> dict[str, Any]:  # fmt: skip
     """Medians (ms) of the target's and the draft's encoder pass + cache set-up, one call each.
 
-    On the CPU inference path the set-up runs at the sources' length bucket (`steps.bucketed`),
-    so its cost depends on the call's inputs: with `sources` (every call's inputs of a run), one
-    call per bucket is timed and the result is the mean over the run's calls.
+    The set-up runs at the sources' length bucket (`steps.bucketed`): with `sources` (every
+    call's int32 [batch, enc_len] inputs) one call per bucket is timed, weighted by its calls.
 
     Args:
-      spec_model: `models.SpeculativeEncoderDecoderModel` (its `decoder_state`, `draft.prepare`;
-        a draft sharing the target's encoder is timed from the target's encoder output).
-      target_params, draft_params: as the timed decoders get them (step_timer.packed).
+      spec_model: `models.SpeculativeEncoderDecoderModel` (a draft sharing the target's encoder
+        is timed from the target's encoder output); target_params, draft_params: as timed.
       encoder_input_tokens: int32 [batch, enc_len] (timed when `sources` is None).
-      max_decode_len: cache length.
-      repeats: interleaved timed rounds (`clock.time_interleaved`).
-      sources: optional int32 [batch, enc_len] inputs of each call of the run.
+      max_decode_len: cache length; repeats: `clock.time_interleaved` rounds.
 
     Returns:
-      {'target_setup_ms', 'draft_setup_ms'} per call (whole batch; the mean over `sources`), and
-      'by_length': {encoder length: {'target_setup_ms', 'draft_setup_ms', 'calls'}}.
+      {'target_setup_ms', 'draft_setup_ms'} per call (whole batch), and 'by_length':
+      {encoder length: {'target_setup_ms', 'draft_setup_ms', 'calls'}}.
+
+    Raises:
+      ValueError: `sources` given and empty.
     """
     sources = [encoder_input_tokens] if sources is None else list(sources)
     if not sources:
@@ -81,30 +74,19 @@ def measure_setup_ms(
     return out
 
 
-def measure_loop_ms(
-    batch: int,
-    vocab: int,
-    max_decode_len: int,
-    gamma: int,
-    settings: Mapping[str, Any],
-    eos_id: int,
-    repeats: int = 20,
-    verification: str = "token",
-    baseline_sampler: str = "t5x",
-) -> dict[str, float]:
-    """The decode loops' own work (no model cost), per token / iteration and per call, in ms.
+def measure_loop_ms(batch: int, vocab: int, max_decode_len: int, gamma: int,
+                    settings: Mapping[str, Any], eos_id: int, repeats: int = 20,
+                    verification: str = "token", baseline_sampler: str = "t5x") -> dict[str, float]:  # fmt: skip
+    """The decode loops' own work (sampling, acceptance, bookkeeping; no model cost), in ms.
 
-    Runs `decoding.temperature_sample` and `speculative.speculative_sample` with zero-cost models
-    (`constant_step`: target and draft share one logits row, so every draft is accepted and no
-    EOS is drawn) for `max_decode_len` and `max_decode_len // 2` tokens; the slope is the work per
-    baseline token / speculative iteration (sampling, acceptance test and residual, buffer and
-    statistics updates, loop bookkeeping), the intercept the fixed per-call part.
+    `decoding.temperature_sample` and `speculative.speculative_sample` with zero-cost models
+    (`clock.zero_cost_decode`: every draft accepted, no EOS) for max_decode_len and half as many
+    tokens: the slope is the work per token / iteration, the intercept the fixed part per call.
 
     Args:
-      batch, vocab, max_decode_len: the decode shapes; gamma: γ; settings: {'temperature',
-        'topk', 'topp'}; eos_id: EOS id; repeats: interleaved rounds; verification: 'token' or
-        'block' (`speculative.speculative_sample`); baseline_sampler: the baseline's draw
-        (`decoding.SAMPLERS`: its sampling work is part of the loop's).
+      batch, vocab, max_decode_len: decode shapes; gamma: γ; settings: {'temperature', 'topk',
+        'topp'}; eos_id; repeats: interleaved rounds; verification: 'token' or 'block';
+        baseline_sampler: the baseline's draw (`decoding.SAMPLERS`).
 
     Returns:
       {'baseline_per_token_ms', 'baseline_fixed_ms', 'speculative_per_iteration_ms',
@@ -116,13 +98,9 @@ def measure_loop_ms(
         None, max_decode_steps=n, settings=settings, baseline_sampler=baseline_sampler, **shapes
     )
     spec = lambda n: clock.zero_cost_decode(
-        speculative.speculative_sample,
-        gamma,
-        max_decode_steps=n,
-        settings=settings,
-        verification=verification,
-        **shapes,
-    )
+        speculative.speculative_sample, gamma, max_decode_steps=n, settings=settings,
+        verification=verification, **shapes,
+    )  # fmt: skip
 
     calls = {("base", n): base(n) for n in lengths} | {("spec", n): spec(n) for n in lengths}
     ms = {k: statistics.median(v) for k, v in clock.time_interleaved(calls, repeats).items()}

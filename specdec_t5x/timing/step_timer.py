@@ -1,12 +1,7 @@
-"""The step timer: one cached decoder step timed in a loop of its own, as a slope in its length.
+"""The step timer: each cached decoder call timed in a loop of its own, as a slope in its length.
 
-`time_decoder_steps` times the target's one-token step, the draft's step, the γ + 1-token verify
-call and one speculative iteration's calls at a fixed decoder position, each as the slope between
-a short and a long loop of steps (so the call's fixed cost cancels), interleaved round by round
-(`clock.time_interleaved`). `step_costs` does it for a `models.SpeculativeEncoderDecoderModel` on
-real inputs (caches built from the encoder inputs). The decode loops themselves pay more than
-these lone loops (`timing.loops`); the eval job reports the loops' figures and keeps these beside
-them ('step_timer', 'c_alone').
+The decode loops pay more than these lone loops (`timing.loops`); the eval job reports the loops'
+figures when it has them and keeps the timer's beside them ('step_timer', 'c_alone').
 """
 
 from __future__ import annotations
@@ -26,10 +21,9 @@ Array = jax.Array
 
 
 def decoder_step(module: network.Transformer) -> Callable[..., Any]:
-    """`steps.make_block_step` of `module` with the parameters and encoder tokens as arguments:
+    """`steps.make_block_step` of `module` taking its parameters as arguments (not jit constants):
     `(params, encoder_input_tokens int32 [b, enc_len], tokens int32 [b, k], positions int32 [b],
-    cache) -> (logits float32 [b, k, vocab], cache)`, so timed jitted calls take them as inputs
-    rather than baking them in as constants."""
+    cache) -> (logits float32 [b, k, vocab], cache)`."""
 
     def step(params, encoder_input_tokens, tokens, positions, cache):
         return steps.make_block_step(module, params, encoder_input_tokens)(tokens, positions, cache)
@@ -37,69 +31,34 @@ def decoder_step(module: network.Transformer) -> Callable[..., Any]:
     return step
 
 
-def time_decoder_steps(
-    target_step,
-    target_args,
-    target_cache,
-    draft_step,
-    draft_args,
-    draft_cache,
-    *,
-    batch: int,
-    position: int,
-    gamma: int,
-    repeats: int = 30,
-    warmup: int = 3,
-    steps_per_call: int = 8,
-    block_sizes: Sequence[int] = (),
-    make_caches: Callable[..., Any] | None = None,
-) -> dict[str, Any]:
-    """c and the verify-cost ratio of two decoder steps, timed side by side *inside loops*.
+def time_decoder_steps(target_step, target_args, target_cache, draft_step, draft_args,
+                       draft_cache, *, batch: int, position: int, gamma: int, repeats: int = 30,
+                       warmup: int = 3, steps_per_call: int = 8, block_sizes: Sequence[int] = (),
+                       make_caches: Callable[..., Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """c and the verify-cost ratio of two decoder steps, each timed inside loops, in one program.
 
-    Every cost is the slope of a loop's time in its length: each loop (the target's one-token
-    step, the draft's step, the γ + 1-token verify call, a k-token call per `block_sizes`, and one
-    speculative iteration's model calls: γ draft steps then the verify call) runs as one jitted
-    loop with the caches as the carry, once with `steps_per_call` steps and once with `LONG_LOOP` (4)
-    times as many, in the same round (rounds in random order: `time_interleaved`'s `shuffle`); per
-    step = (long - short) / (3 * steps_per_call). A call's fixed cost
-    (dispatching a jitted call over the parameter tree, 0.4-0.9 ms on the 2-core CPU, about one
-    target step) cancels; dividing one call's time by its steps did not remove it, and charged
-    ~0.09 ms to every step of an 8-step loop, which overstated T(1) against the decode loops and
-    with it every predicted speedup.
-
-    The draft's cost is also taken *between verify calls*: in the decode loop the target's weight
-    stream evicts the draft from the CPU's caches every iteration (results/verify_cost/
-    loop_interference.md: the draft's γ = 2 steps cost 0.045 ms alone and 0.147 ms after a 24 MiB
-    sweep), a cost no loop of one model sees. `interference_ms` = iteration - verify - γ draft,
-    per iteration, and `c` = (iteration - verify) / (γ T(1)): the draft's cost per step as the
-    decode loop pays it (the paper's c, "the time for a single run of M_q" divided by M_p's, taken
-    where the runs happen). `c_alone` is the draft's loop on its own.
+    Each loop (the target's one-token step, the draft's step, the γ + 1-token verify call, a
+    k-token call per `block_sizes`, and one iteration's model calls: γ draft steps then the verify
+    call) runs `steps_per_call` and `LONG_LOOP` times as many steps in the same shuffled round;
+    per step = the slope between them, so a call's fixed cost (dispatch, ~one target step on the
+    2-core CPU) cancels. The draft's cost between verify calls (evicted from the CPU's caches by
+    the target's weights) is the iteration's: `c` = (iteration - verify) / (γ T(1)), `c_alone` the
+    draft's lone loop, `interference_ms` = iteration - verify - γ lone draft steps.
 
     Args:
       target_step, draft_step: `(*args, tokens int32 [batch, k], positions int32 [batch], cache)
-        -> (logits, cache)` (traceable; may already be jitted).
-      target_args, draft_args: leading arguments (e.g. params, encoder tokens).
-      target_cache, draft_cache: caches to start from (copied; each loop chains its own).
-      batch: rows; position: decoder position of the timed steps (the draft's j-th step of an
-        iteration at position + j); gamma: verify block is γ + 1, γ >= 1.
-      repeats, warmup: see `time_interleaved`.
-      steps_per_call: steps of the short loop (the long one runs `LONG_LOOP` times as many), >= 1.
-      block_sizes: extra target block sizes k to time in the same rounds (the cost curve T(k)).
-      make_caches: `(target_args, draft_args) -> (target_cache, draft_cache)`, traced into the
-        probe (each call builds its caches, a fixed cost the slopes remove; `target_cache` and
-        `draft_cache` are then unused): no compilation besides the probe's own.
-
-    Every loop is one branch of a single jitted probe (`_probe_program`: each loop's trip count
-    an argument, all but one zero per call), so the timer compiles once.
+        -> (logits float32 [batch, k, vocab], cache)`, traceable.
+      target_args, draft_args: their leading arguments; target_cache, draft_cache: the caches
+        (unused with `make_caches`: `(target_args, draft_args) -> caches`, traced into the probe).
+      batch: rows; position: decoder position of the timed steps; gamma: γ >= 1.
+      repeats, warmup: `clock.time_interleaved`'s; steps_per_call: the short loop, >= 1.
+      block_sizes: target block sizes k also timed (the cost curve's T(k)).
 
     Returns:
-      dict with `target_step_ms`, `draft_step_ms` (alone), `verify_step_ms`, `iteration_ms` (γ
-      draft steps + verify, in one loop) (medians per step of the slopes, ms), `*_step_ms_iqr`
-      ([p25, p75]), `fixed_call_ms` {loop: median fixed cost of one call, ms}, `interference_ms`
-      (per iteration, ms), `c` (in the loop, as above), `c_alone` = draft / target and
-      `verify_cost_ratio` = verify / target (each the median over rounds of the ratio within a
-      round: `paired_ratio`), `steps_per_call`, and `block_step_ms` {k: median ms of a k-token
-      target call}.
+      {'target_step_ms', 'draft_step_ms', 'verify_step_ms', 'iteration_ms' (median ms per step),
+      '*_step_ms_iqr' ([p25, p75] ms), 'fixed_call_ms' {loop: ms}, 'interference_ms' (ms per
+      iteration), 'c', 'c_alone', 'verify_cost_ratio' (`clock.paired_ratio`s against the target
+      step), 'steps_per_call', 'block_step_ms' {k: ms}}.
 
     Raises:
       ValueError: gamma < 1 or steps_per_call < 1.
@@ -108,14 +67,10 @@ def time_decoder_steps(
         raise ValueError(f"need gamma >= 1 and steps_per_call >= 1; got {gamma}, {steps_per_call}.")
     pos = jnp.full((batch,), position, jnp.int32)
     one = jnp.full((batch, 1), 5, jnp.int32)
-    # Every loop's tokens: the target's and the draft's one-token steps, the verify block, the
-    # k-token blocks; the iteration's are `one` and the verify block.
-    tokens = {
-        "target": one,
-        "draft": one,
-        "verify": jnp.full((batch, gamma + 1), 5, jnp.int32),
-        **{f"block_{k}": jnp.full((batch, k), 5, jnp.int32) for k in block_sizes},
-    }
+    block = lambda k: jnp.full((batch, k), 5, jnp.int32)
+    # Every loop's tokens (the iteration's: `one` and the verify block).
+    tokens = {"target": one, "draft": one, "verify": block(gamma + 1)}
+    tokens.update({f"block_{k}": block(k) for k in block_sizes})
     names = [*tokens, "iteration"]
     program = _probe_program(target_step, draft_step, gamma, names, make_caches)
     lengths = {"short": steps_per_call, "long": clock.LONG_LOOP * steps_per_call}
@@ -125,12 +80,8 @@ def time_decoder_steps(
         counts = jnp.asarray([lengths[length] if n == name else 0 for n in names], jnp.int32)
         return lambda: program(target_args, draft_args, caches, tokens, pos, counts)
 
-    samples = clock.time_interleaved(
-        {(n, length): call(n, length) for n in names for length in lengths},
-        repeats,
-        warmup,
-        shuffle=True,
-    )
+    calls = {(n, length): call(n, length) for n in names for length in lengths}
+    samples = clock.time_interleaved(calls, repeats, warmup, shuffle=True)
     span = lengths["long"] - lengths["short"]
     per_step = {
         name: [
@@ -164,10 +115,7 @@ def time_decoder_steps(
     }
     for name in ("target", "draft", "verify"):
         result[f"{name}_step_ms"] = median[name]
-        result[f"{name}_step_ms_iqr"] = [
-            float(np.percentile(per_step[name], 25)),
-            float(np.percentile(per_step[name], 75)),
-        ]
+        result[f"{name}_step_ms_iqr"] = [float(np.percentile(per_step[name], q)) for q in (25, 75)]
     return result
 
 
@@ -229,29 +177,12 @@ def caches(spec_model, target_params, draft_params, enc, max_decode_len):
     return build((target_params, enc), (draft_params, enc))
 
 
-def step_costs(
-    spec_model,
-    target_params,
-    draft_params,
-    encoder_input_tokens: Array,
-    max_decode_len: int,
-    gamma: int,
-    *,
-    position: int = 8,
-    repeats: int = 30,
-    block_sizes=(),
-) -> dict[str, Any]:
-    """c, the verify-cost ratio and T(k) of a model pair, in one compiled probe.
-
-    One cached target step, one draft step, one γ + 1 verify step and one target call per k in
-    `block_sizes`, at decoder position `position`, caches built inside the probe from
-    `encoder_input_tokens` (int32 [batch, enc_len]; a fixed cost per call, which the slopes
-    remove); timed by `time_decoder_steps`.
-
-    Returns:
-      `time_decoder_steps`'s dict (`c`, `verify_cost_ratio`, `*_step_ms`,
-      `block_step_ms`).
-    """
+def step_costs(spec_model, target_params, draft_params, encoder_input_tokens: Array,
+               max_decode_len: int, gamma: int, *, position: int = 8, repeats: int = 30,
+               block_sizes=()) -> dict[str, Any]:  # fmt: skip
+    """`time_decoder_steps` of a `models.SpeculativeEncoderDecoderModel` pair (parameters raw or
+    packed), caches built inside the probe from `encoder_input_tokens` (int32 [batch, enc_len]),
+    steps at `position` (moved down so that the largest block fits in `max_decode_len`)."""
     enc = jnp.asarray(encoder_input_tokens)
     target_params, draft_params = packed(spec_model, target_params, draft_params)  # no-op if so
     module, draft = spec_model.module, spec_model.draft
@@ -261,16 +192,8 @@ def step_costs(
 
     largest = max([gamma + 1, *block_sizes])
     return time_decoder_steps(
-        decoder_step(module),
-        (target_params, enc),
-        None,
-        draft_step,
-        (draft_params, enc),
-        None,
-        batch=enc.shape[0],
-        position=max(0, min(position, max_decode_len - largest)),
-        gamma=gamma,
-        repeats=repeats,
-        block_sizes=tuple(block_sizes),
+        decoder_step(module), (target_params, enc), None, draft_step, (draft_params, enc), None,
+        batch=enc.shape[0], position=max(0, min(position, max_decode_len - largest)),
+        gamma=gamma, repeats=repeats, block_sizes=tuple(block_sizes),
         make_caches=cache_builder(spec_model, max_decode_len),
-    )
+    )  # fmt: skip
