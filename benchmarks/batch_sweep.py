@@ -12,7 +12,7 @@ in input order as T5X's infer does), its folder kept under `OUT/runs/`. Separate
 process, the step timer (`timing.step_timer.step_costs`: slopes of jitted loops) prices the
 target's call on k tokens per row at each batch b, T(b, k) for k = 1..max γ + 1, and the draft's
 step at b (`OUT/costs/b<b>.json`). `--render` turns the records into `OUT/table.md`: measured
-speed beside `theory.batch_walltime_improvement` (the batch cost model, paper §3.4-3.5 and
+speed beside `batch_theory.batch_walltime_improvement` (the batch cost model, paper §3.4-3.5 and
 Thm 3.8 with T(b, k) and the idle rows of a batch) fed with each run's α, its rows' output lengths
 (the baseline's tokens) and the T(b, k) probe.
 
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_t5x import theory
+from specdec_t5x import batch_theory
 
 EOS_ID = 1
 DEFAULT_GIN = "gin/experiments/embedded_ende_model_t0.gin"
@@ -259,12 +259,12 @@ def predict(record: dict[str, Any], costs: dict[str, Any] | None) -> dict[str, f
     if g == "auto" or not str(g).isdigit() or record["alpha"] is None:
         return out
     g, alpha = int(g), min(float(record["alpha"]), 1.0)
-    waste = theory.batch_waste(record["lengths"], alpha, g)
+    waste = batch_theory.batch_waste(record["lengths"], alpha, g)
     out["waste"] = waste["speculative_waste"]
     out["baseline_waste"] = waste["baseline_waste"]
     out["model_iterations"] = waste["speculative_iterations"]
     if costs and str(g + 1) in costs["T_ms"]:
-        model = theory.batch_speedup_from_costs(
+        model = batch_theory.batch_speedup_from_costs(
             record["lengths"], alpha, g, costs["T_ms"]["1"], costs["T_ms"][str(g + 1)],
             costs.get("c_b", costs["c_in_loop"]) * costs["T_ms"]["1"],
         )  # fmt: skip
@@ -274,7 +274,7 @@ def predict(record: dict[str, Any], costs: dict[str, Any] | None) -> dict[str, f
     if costs is not None:
         c1 = costs.get("c_batch_1")
         if c1 is not None:
-            out["flat"] = theory.batch_walltime_improvement(
+            out["flat"] = batch_theory.batch_walltime_improvement(
                 alpha, g, c1, 1.0, waste["baseline_waste"], waste["speculative_waste_eq1"]
             )
     return out
@@ -330,9 +330,9 @@ def render(out_dir: str) -> str:
         "are not a quiet machine's**.",
         "",
         "Speed = the job's measured speed-up (baseline seconds / speculative seconds over the "
-        "run), median over repeats (range). Predicted = `theory.batch_speedup_from_costs` (the run's α "
+        "run), median over repeats (range). Predicted = `batch_theory.batch_speedup_from_costs` (the run's α "
         "and rows' lengths, T(b, 1), T(b, γ+1) and d(b) from the T(b, k) probe below); "
-        "flat-T model = `theory.batch_walltime_improvement` with T(b, k) = T(b, 1) and c of "
+        "flat-T model = `batch_theory.batch_walltime_improvement` with T(b, k) = T(b, 1) and c of "
         "batch 1 (an accelerator's regime), same α and waste. Iterations per call: the speculative "
         "loop's iterations per decode call (max over rows) / the mean row's: the idle-row waste "
         "(model's in brackets). Baseline steps: the baseline loop's steps per call (max row "
@@ -351,7 +351,7 @@ def render(out_dir: str) -> str:
             _median([r["loop_iterations"] for r in rs]),
             _median([r["row_iterations"] for r in rs]),
         )
-        base = theory.batch_waste(rs[0]["lengths"], 0.0, 1)
+        base = batch_theory.batch_waste(rs[0]["lengths"], 0.0, 1)
         lines.append(
             "| "
             + " | ".join(

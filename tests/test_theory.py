@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from specdec_t5x import theory
+from specdec_t5x import batch_theory, theory
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -342,25 +342,28 @@ def test_expected_iterations_rejects_bad_input(call, match):
 
 def test_batch_model_at_batch_one_is_theorem_3_8():
     for alpha, gamma, c in ((0.6, 2, 0.0), (0.8, 5, 0.05), (0.9, 10, 0.01)):
-        assert theory.batch_walltime_improvement(alpha, gamma, c) == pytest.approx(
+        assert batch_theory.batch_walltime_improvement(alpha, gamma, c) == pytest.approx(
             theory.walltime_improvement(alpha, gamma, c)
         )
     # From costs: one long row, a flat cost curve (T(1, γ + 1) = T(1, 1)): Thm 3.8 to O(1/L).
-    out = theory.batch_speedup_from_costs([[5000]], 0.8, 3, 2.0, 2.0, 0.1)
+    out = batch_theory.batch_speedup_from_costs([[5000]], 0.8, 3, 2.0, 2.0, 0.1)
     assert out["baseline_waste"] == 1.0 and out["speculative_waste"] == 1.0
     assert out["speedup"] == pytest.approx(theory.walltime_improvement(0.8, 3, 0.05), rel=1e-3)
 
 
 def test_batch_model_is_monotone_in_the_waste():
     speeds = [
-        theory.batch_walltime_improvement(0.7, 3, 0.05, 1.2, 1.0, w) for w in (1.0, 1.2, 1.5, 2.0)
+        batch_theory.batch_walltime_improvement(0.7, 3, 0.05, 1.2, 1.0, w)
+        for w in (1.0, 1.2, 1.5, 2.0)
     ]
     assert all(np.diff(speeds) < 0)
-    base = [theory.batch_walltime_improvement(0.7, 3, 0.05, 1.2, w, 1.0) for w in (1.0, 1.5, 2.0)]
+    base = [
+        batch_theory.batch_walltime_improvement(0.7, 3, 0.05, 1.2, w, 1.0) for w in (1.0, 1.5, 2.0)
+    ]
     assert all(np.diff(base) > 0)
     # More uneven rows in one call: more idle iterations for both loops.
-    even = theory.batch_waste([[20, 20, 20, 20]], 0.7, 3)
-    uneven = theory.batch_waste([[5, 10, 25, 40]], 0.7, 3)
+    even = batch_theory.batch_waste([[20, 20, 20, 20]], 0.7, 3)
+    uneven = batch_theory.batch_waste([[5, 10, 25, 40]], 0.7, 3)
     assert even["baseline_waste"] == 1.0 and uneven["baseline_waste"] == 2.0
     assert 1.0 < even["speculative_waste"] < uneven["speculative_waste"]
 
@@ -369,27 +372,27 @@ def test_batch_model_hand_computed_case():
     # α = 0.5, γ = 1: an iteration emits K = 1 or 2 tokens with probability 1/2 each.
     # One row of L = 2: N = 1 (K = 2) or 2 (K = 1, then >= 1): E[N] = 1.5, P(N <= 1) = 1/2.
     # Two such rows: P(max <= 1) = 1/4, so E[max] = 1 + 3/4 = 1.75; baseline: 2 steps.
-    waste = theory.batch_waste([[2, 2]], 0.5, 1)
+    waste = batch_theory.batch_waste([[2, 2]], 0.5, 1)
     assert waste["speculative_iterations"] == pytest.approx(1.75)
     assert waste["speculative_row_iterations"] == pytest.approx(1.5)
     assert waste["speculative_waste"] == pytest.approx(1.75 / 1.5)
     assert waste["baseline_iterations"] == 2.0 and waste["baseline_waste"] == 1.0
     # T(2, 1) = 1 ms, T(2, 2) = 1.5 ms, d(2) = 0.25 ms: spec 1.75 * (0.25 + 1.5) ms, base 2 * 1 ms.
-    out = theory.batch_speedup_from_costs([[2, 2]], 0.5, 1, 1.0, 1.5, 0.25)
+    out = batch_theory.batch_speedup_from_costs([[2, 2]], 0.5, 1, 1.0, 1.5, 0.25)
     assert out["speedup"] == pytest.approx(2.0 / (1.75 * 1.75))
     assert out["c_b"] == 0.25 and out["verify_cost_ratio_b"] == 1.5
     # The closed form with Eq. 1's W_spec gives the same number: E = 1.5, W_spec = 1.75 / (2 / 1.5).
-    closed = theory.batch_walltime_improvement(
+    closed = batch_theory.batch_walltime_improvement(
         0.5, 1, 0.25, 1.5, 1.0, waste["speculative_waste_eq1"]
     )
     assert closed == pytest.approx(out["speedup"])
 
 
 def test_batch_waste_takes_a_ragged_last_call():
-    out = theory.batch_waste([[4, 8], [6]], 0.0, 2)  # α = 0: one token per iteration
+    out = batch_theory.batch_waste([[4, 8], [6]], 0.0, 2)  # α = 0: one token per iteration
     assert out["speculative_iterations"] == pytest.approx(7.0)  # (8 + 6) / 2
     assert out["baseline_row_iterations"] == pytest.approx(6.0)  # (6 + 6) / 2
     with pytest.raises(ValueError):
-        theory.batch_waste([], 0.5, 1)
+        batch_theory.batch_waste([], 0.5, 1)
     with pytest.raises(ValueError):
-        theory.batch_walltime_improvement(0.5, 1, 0.1, 1.0, 1.0, 0.0)
+        batch_theory.batch_walltime_improvement(0.5, 1, 0.1, 1.0, 1.0, 0.0)
