@@ -10,7 +10,7 @@ import pytest
 from conftest import tiny_spec_pair
 from test_eval import configs
 
-from specdec_t5x.eval import job
+from specdec_t5x.eval import job, progress
 
 
 def _heartbeats(caplog, name):
@@ -18,9 +18,9 @@ def _heartbeats(caplog, name):
 
 
 def test_a_long_phase_logs_a_heartbeat_and_its_time(caplog):
-    caplog.set_level(logging.INFO, logger=job.logger.name)
+    caplog.set_level(logging.INFO, logger="specdec_t5x.eval")
     times = {}
-    with job.phase("compile and warm up 3 rows", times, "compile", heartbeat_s=0.05):
+    with progress.phase("compile and warm up 3 rows", times, "compile", heartbeat_s=0.05):
         time.sleep(0.3)
     beats = _heartbeats(caplog, "compile and warm up 3 rows")
     assert len(beats) >= 2
@@ -35,10 +35,10 @@ def test_a_long_phase_logs_a_heartbeat_and_its_time(caplog):
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 def test_the_heartbeat_stops_when_the_phase_fails(caplog, error):
-    caplog.set_level(logging.INFO, logger=job.logger.name)
+    caplog.set_level(logging.INFO, logger="specdec_t5x.eval")
     times = {}
     with pytest.raises(error):
-        with job.phase("decode", times, heartbeat_s=0.02):
+        with progress.phase("decode", times, heartbeat_s=0.02):
             time.sleep(0.05)
             raise error()
     assert not any(t.name.startswith("phase heartbeat") for t in threading.enumerate())
@@ -50,22 +50,22 @@ def test_the_heartbeat_stops_when_the_phase_fails(caplog, error):
 
 
 def test_a_short_phase_logs_no_heartbeat(caplog):
-    caplog.set_level(logging.INFO, logger=job.logger.name)
-    with job.phase("inputs"):
+    caplog.set_level(logging.INFO, logger="specdec_t5x.eval")
+    with progress.phase("inputs"):
         pass
     assert not _heartbeats(caplog, "inputs")
 
 
 def test_decode_progress_names_examples_elapsed_and_eta(caplog):
-    caplog.set_level(logging.INFO, logger=job.logger.name)
-    job._log_progress(2, 8, 4, 16, 10.0)
+    caplog.set_level(logging.INFO, logger="specdec_t5x.eval")
+    progress.log_progress(2, 8, 4, 16, 10.0)
     assert caplog.records[-1].getMessage() == (
         "decoded 2/8 batches (25%): 4/16 examples, 10 s elapsed, ETA 30 s"
     )
 
 
 def test_a_tiny_jobs_metrics_name_every_phases_wall_time(data_dir, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger=job.logger.name)
+    caplog.set_level(logging.INFO, logger="specdec_t5x.eval")
     spec_model, params = tiny_spec_pair()
     out = tmp_path / "out"
     kwargs = configs(gamma=2, num_examples=2, batch_size=1, cost_repeats=2, loop_costs=False)

@@ -6,7 +6,7 @@ inputs, same sampling settings, and reports what the paper reports (Tables 2-4):
 and Corollary-3.6 β estimate), the cost coefficient c measured in the same run, tokens per
 iteration, measured walltime speedup and the Theorem 3.8 prediction. It runs in labelled phases
 (inputs, parameters, compile, decode, costs, report), each logged with its time (a heartbeat line
-every `HEARTBEAT_S` while it runs; the decode loop's progress with its ETA; the seconds in
+every `progress.HEARTBEAT_S` while it runs; the decode loop's progress with its ETA; the seconds in
 `metrics.json`, `provenance.phases_s`), over a list of rows (`eval.rows.Row`, built by the row
 factory `eval.lineup.build`): the baseline(s), one chain per fixed γ, one row per token tree and
 auto γ's row (`specdec_t5x.auto.row`).
@@ -31,15 +31,13 @@ weights (`CPU_WEIGHT_DTYPE='bfloat16'`) it also decodes the baseline with the fl
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import operator
 import os
 import sys
-import threading
 import time
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from typing import Any
 
 import jax
@@ -49,53 +47,13 @@ import tqdm
 from specdec_t5x import cpu_kernel, models, multihost, provenance, steps
 from specdec_t5x import inputs as inputs_lib
 from specdec_t5x import sampling as sampling_lib
-from specdec_t5x.eval import checks, config, lineup, outputs, summary, tables
+from specdec_t5x.eval import checks, config, lineup, outputs, progress, summary, tables
 from specdec_t5x.eval import rows as rows_lib
+from specdec_t5x.eval.progress import phase
 
 logger = logging.getLogger(__name__)
 
 BASELINE_SAMPLER = rows_lib.BASELINE_SAMPLER  # the fair baseline's draw at T > 0
-
-
-HEARTBEAT_S = 30.0  # a phase still running logs a line this often
-
-
-@contextlib.contextmanager
-def phase(
-    name: str,
-    times: dict[str, float] | None = None,
-    key: str | None = None,
-    heartbeat_s: float | None = None,
-) -> Iterator[None]:
-    """Logs `name` as it starts, a heartbeat line every `heartbeat_s` seconds (default
-    `HEARTBEAT_S`) while it runs ("compile and warm up 3 rows: still running, 61 s") and its wall
-    time as it ends; `times[key or name]` gets the seconds. The heartbeat thread stops when the
-    phase ends, however it ends (an exception or KeyboardInterrupt included)."""
-    interval = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
-    logger.info("%s ...", name)
-    start = time.perf_counter()
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(interval):
-            logger.info("%s: still running, %.0f s", name, time.perf_counter() - start)
-
-    thread = threading.Thread(target=beat, name=f"phase heartbeat: {name}", daemon=True)
-    thread.start()
-    finished = False
-    try:
-        yield
-        finished = True
-    finally:
-        stop.set()
-        thread.join()
-        seconds = time.perf_counter() - start
-        if times is not None:
-            times[key or name] = round(seconds, 3)
-        if finished:
-            logger.info("%s: done in %.1f s", name, seconds)
-        else:
-            logger.info("%s: stopped after %.1f s", name, seconds)
 
 
 @dataclasses.dataclass
@@ -409,7 +367,7 @@ def _decode_all(
     report_every = max(1, len(local) // 10)
     starts = np.cumsum([0] + [n for n, _ in batches]).tolist()
     t0 = time.perf_counter()
-    next_log = t0 + HEARTBEAT_S  # a progress line at least this often, besides every 10%
+    next_log = t0 + progress.HEARTBEAT_S  # a progress line at least this often, besides every 10%
     for done, i in enumerate(tqdm.tqdm(local, desc=desc, unit="batch"), start=1):
         n, batch = batches[i]
         rng = jax.random.fold_in(rng0, i)
@@ -459,22 +417,15 @@ def _decode_all(
                 )
             out.append_batch(_record(i, results, entries, batch_choices), lines)
         if done % report_every == 0 or done == len(local) or time.perf_counter() >= next_log:
-            next_log = time.perf_counter() + HEARTBEAT_S
-            _log_progress(done, len(local), starts[i] + n, len(examples), time.perf_counter() - t0)
+            next_log = time.perf_counter() + progress.HEARTBEAT_S
+            progress.log_progress(
+                done, len(local), starts[i] + n, len(examples), time.perf_counter() - t0
+            )
     extra = {"choices": choices} if choices else {}
     choices = multihost.gather_runs(
         runs, [n for n, _ in batches], len(batches[0][1]["encoder_input_tokens"]), extra
     ).get("choices", choices)
     return runs, choices, compiles.count
-
-
-def _log_progress(done, total, examples_done, examples_total, elapsed) -> None:
-    """One decode progress line: batches and examples done, elapsed seconds and the ETA."""
-    eta = elapsed / done * (total - done)
-    logger.info(
-        "decoded %d/%d batches (%d%%): %d/%d examples, %.0f s elapsed, ETA %.0f s",
-        done, total, 100 * done // total, examples_done, examples_total, elapsed, eta,
-    )  # fmt: skip
 
 
 def _decode_one(row, batch, rng, compiles):
