@@ -127,31 +127,7 @@ class MultiHeadAttention(nn.Module):
             key = project("key", kv_inputs)  # [b, k, h, d]
             value = project("value", kv_inputs)
         if cache_mode == "self":
-            initialised = self.has_variable("cache", "cached_key")
-            shape = heads_first(key).shape  # the init call: [b, h, max_len, d]
-            cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, key.dtype)
-            cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, value.dtype)
-            if initialised:
-                max_len = cached_key.value.shape[2]
-                rows = jnp.arange(batch)[:, None, None]  # [b, 1, 1]
-                cols = jnp.arange(heads)[None, :, None]  # [1, h, 1]
-                slots = query_positions if tree is None else tree.slots  # [b, q]
-                at = (rows, cols, slots[:, None, :])  # -> [b, h, q]
-                # Write (not add) the k new entries at their absolute positions; positions past
-                # the cache end are dropped (the sampler never reads their outputs).
-                cached_key.value = cached_key.value.at[at].set(heads_first(key), mode="drop")
-                cached_value.value = cached_value.value.at[at].set(heads_first(value), mode="drop")
-                key, value = cached_key.value, cached_value.value  # [b, h, max_len, d]
-                kv = "bhkd"
-                key_positions = jnp.arange(max_len, dtype=jnp.int32)
-                # Causal by position: query at t sees cache slots <= t only (a tree query: the
-                # prefix and its ancestors, `TreeAttention.visible`).
-                if tree is None:
-                    mask = (key_positions[None, None, :] <= query_positions[:, :, None])[:, None]
-                else:
-                    mask = tree.visible[:, None]  # [b, 1, q, max_len]
-            elif packed:
-                key, value, kv = heads_first(key), heads_first(value), "bhkd"
+            key, value, kv, mask = self._self_cache(key, value, mask, query_positions, tree, packed)
         if kv == "bhkd" and not packed:
             # Raw parameters (`SPECDEC_CPU_KERNEL=0`, accelerators): read the cache as T5X reads
             # its own, so the dots below sum in T5X's order, bit for bit (see `_t5x_cache_read`).
@@ -216,6 +192,51 @@ class MultiHeadAttention(nn.Module):
             out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [b, q, h, d]
         out = out.reshape(batch, q_len, features)  # [b, q, h, d] -> [b, q, h*d]
         return Dense(cfg.emb_dim, cfg.dtype, ("joined_kv", "embed"), name="out")(out)
+
+    def _self_cache(self, key, value, mask, query_positions, tree, packed):
+        """The self-attention cache's step (cache_mode='self'): writes the k new entries at their
+        slots and returns (key, value, layout, mask).
+
+        Args:
+          key, value: dtype [batch, k, heads, head_dim], this call's projections.
+          mask: the caller's bool mask or None (kept at the init call).
+          query_positions: int32 [batch, k] absolute positions; tree: `TreeAttention` or None.
+          packed: the CPU kernel's packed parameters (heads-first layout).
+
+        Returns:
+          Initialised: the whole cache dtype [batch, heads, max_len, head_dim] twice, "bhkd", and
+          bool [batch, 1, k, max_len] (causal by position, or the tree's visibility). At the init
+          call: the new entries (heads first when packed), their layout, and `mask`.
+        """
+        heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [b, l, h, d] <-> [b, h, l, d]
+        batch, heads = key.shape[0], key.shape[2]
+        kv = "bkhd"
+        initialised = self.has_variable("cache", "cached_key")
+        shape = heads_first(key).shape  # the init call: [b, h, max_len, d]
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, key.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, value.dtype)
+        if initialised:
+            max_len = cached_key.value.shape[2]
+            rows = jnp.arange(batch)[:, None, None]  # [b, 1, 1]
+            cols = jnp.arange(heads)[None, :, None]  # [1, h, 1]
+            slots = query_positions if tree is None else tree.slots  # [b, q]
+            at = (rows, cols, slots[:, None, :])  # -> [b, h, q]
+            # Write (not add) the k new entries at their absolute positions; positions past
+            # the cache end are dropped (the sampler never reads their outputs).
+            cached_key.value = cached_key.value.at[at].set(heads_first(key), mode="drop")
+            cached_value.value = cached_value.value.at[at].set(heads_first(value), mode="drop")
+            key, value = cached_key.value, cached_value.value  # [b, h, max_len, d]
+            kv = "bhkd"
+            key_positions = jnp.arange(max_len, dtype=jnp.int32)
+            # Causal by position: query at t sees cache slots <= t only (a tree query: the
+            # prefix and its ancestors, `TreeAttention.visible`).
+            if tree is None:
+                mask = (key_positions[None, None, :] <= query_positions[:, :, None])[:, None]
+            else:
+                mask = tree.visible[:, None]  # [b, 1, q, max_len]
+        elif packed:
+            key, value, kv = heads_first(key), heads_first(value), "bhkd"
+        return key, value, kv, mask
 
 
 def _t5x_cache_read(x: Array) -> Array:
