@@ -37,7 +37,7 @@ Measures (written to `DIR/<device>.json` and a Table-2-shaped `DIR/<device>.md`)
     once) at T = 0 and the cost-model γ: speed, both loops' tokens/s,
     tokens per target call per row, loop iterations per call (max over rows) vs the mean row's (the
     idle-row waste), identical fraction, T(b, 1), T(b, γ + 1) and d(b) at each batch, beside the
-    batch cost model (`theory.batch_speedup_from_costs`). `--batch_sweep_only` runs (d) alone
+    batch cost model (`batch_theory.batch_speedup_from_costs`). `--batch_sweep_only` runs (d) alone
     (after the widening) at the pilot γ, into `DIR/<device>_batch.json` and `.md`.
 
 This module builds the models and settings, runs the phases and writes the report; the measurements
@@ -269,8 +269,8 @@ def batch_markdown(sweep: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "predicted: `theory.batch_speedup_from_costs` (α and the rows' lengths of this run, "
-        "T(b, 1), T(b, γ+1), d(b) measured at b); flat-T: `theory.batch_walltime_improvement` "
+        "predicted: `batch_theory.batch_speedup_from_costs` (α and the rows' lengths of this run, "
+        "T(b, 1), T(b, γ+1), d(b) measured at b); flat-T: `batch_theory.batch_walltime_improvement` "
         "with T(b, k) = T(b, 1) and batch 1's c. Iterations per call: the speculative loop's "
         "(max over rows) over the mean row's: the idle-row waste.",
     ]

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import timing as bench_timing
-from specdec_t5x import drafts, models, network, steps, theory
+from specdec_t5x import batch_theory, drafts, models, network, steps, theory
 from specdec_t5x import tree as tree_lib
 from specdec_t5x.timing import clock, step_timer
 
@@ -433,7 +433,7 @@ def batch_sweep(target, draft, tokens, s, budget, gamma: int) -> dict[str, Any]:
     calls (baseline and speculative interleaved per call in a seeded order, `clock.call_order`),
     α, tokens per target call per row, loop iterations per call (max over rows) against the mean
     row's, identical fraction, both loops' tokens/s, and the batch cost model's prediction
-    (`theory.batch_speedup_from_costs` with the rows' lengths and α; and with a flat T(b, k) =
+    (`batch_theory.batch_speedup_from_costs` with the rows' lengths and α; and with a flat T(b, k) =
     T(b, 1), c of batch 1). A batch is skipped (listed in 'skipped_for_budget') when the budget
     left is under twice the seconds its predecessor took.
 
@@ -505,8 +505,8 @@ def batch_sweep(target, draft, tokens, s, budget, gamma: int) -> dict[str, Any]:
             same += [bool(np.array_equal(x, y)) for x, y in zip(base_tok, spec_tok, strict=True)]
         summary = _stats_summary(stats)
         alpha = min(summary["alpha_counted"], 1.0)
-        model = theory.batch_speedup_from_costs(lengths, alpha, gamma, t1, tv, d)
-        waste = theory.batch_waste(lengths, alpha, gamma)
+        model = batch_theory.batch_speedup_from_costs(lengths, alpha, gamma, t1, tv, d)
+        waste = batch_theory.batch_waste(lengths, alpha, gamma)
         generated = float(sum(sum(x) for x in lengths))
         rows.append(
             {
@@ -530,7 +530,7 @@ def batch_sweep(target, draft, tokens, s, budget, gamma: int) -> dict[str, Any]:
                 "predicted_speedup": model["speedup"],
                 "predicted_waste": waste["speculative_waste"],
                 "baseline_waste": waste["baseline_waste"],
-                "predicted_speedup_flat": theory.batch_walltime_improvement(
+                "predicted_speedup_flat": batch_theory.batch_walltime_improvement(
                     alpha, gamma, c1, 1.0, waste["baseline_waste"], waste["speculative_waste_eq1"]
                 ),
             }
