@@ -80,7 +80,8 @@ def repeated_table(*roots: pathlib.Path, headline: bool = False) -> str:
             if runs:
                 label = repeat_rows.target_label(row.name)
                 records = [_load(f) for f in runs]
-                if any(summary.flat(m).get("tree_sweep") for m in records):  # chains and trees
+                swept = row.name in repeat_rows.SWEPT_ROWS  # every chain of its runs a row
+                if swept or any(summary.flat(m).get("tree_sweep") for m in records):
                     sweeps += tables.sweep_median_rows(records, label)
                 else:
                     rows.append(tables.median_row(records, label, headline))

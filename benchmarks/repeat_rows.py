@@ -7,6 +7,7 @@ row, the median speed with its min-max over runs (`tables.median_row`), from wha
 recorded (`python scripts/render_tables.py` re-renders it).
 """
 
+import json
 import pathlib
 import random
 import subprocess
@@ -27,6 +28,20 @@ OPTIMAL = {
 }
 ROW_SETS = {
     "demo": {"embedded_t0": [T0], "embedded_t1": [T1]},
+    "auto_check": {  # auto γ alone beside the baseline, and the fixed γ it chooses among, in separate runs
+        **{
+            f"auto_embedded_t{t}": [T0 if t == 0 else T1, "--gin.GAMMA='auto'", "--gin.GAMMAS=None"]
+            for t in (0, 1)
+        },
+        **{
+            f"fixed_embedded_t{t}": [
+                T0 if t == 0 else T1,
+                "--gin.GAMMA=2",
+                "--gin.GAMMAS=[1, 3, 5]",
+            ]
+            for t in (0, 1)
+        },
+    },
     "paper_regime": {  # the shipped En→De pair with the target widened at load (TARGET_SHAPE)
         f"ende_{shape}_t{t}": [T0 if t == 0 else T1, f"--gin.TARGET_SHAPE='{shape}'"]
         for shape in ("base", "large", "small")
@@ -120,6 +135,8 @@ ROW_SETS = {
         for t in (0, 1)
     },
 }
+# Rows whose table lists every chain γ of their runs (not only the headline γ).
+SWEPT_ROWS = {"fixed_embedded_t0", "fixed_embedded_t1"}
 TARGETS = {"embedded": "embedded (13.6M)", "small": "T5 1.1 small shape", "base": "T5 1.1 base shape",
            "large": "T5 1.1 large shape"}  # fmt: skip
 
@@ -129,8 +146,28 @@ def target_label(row: str) -> str:
     return next((label for key, label in TARGETS.items() if f"_{key}" in f"_{row}"), "")
 
 
-def run(row_set: str, out: str, rows: str | None, repeats: int, gin_flags: list[str]) -> None:
-    """Runs `rows` (comma-separated names, default all) of `row_set` `repeats` times into `out`."""
+def busy_loops(n: int, seconds: float) -> list[subprocess.Popen]:
+    """Starts `n` processes that each spin one core for at most `seconds` (a shared machine's load)."""
+    spin = (
+        f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass"
+    )
+    return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(n)]
+
+
+def run(
+    row_set: str,
+    out: str,
+    rows: str | None,
+    repeats: int,
+    gin_flags: list[str],
+    busy: int = 0,
+    busy_cap_s: float = 3600.0,
+) -> None:
+    """Runs `rows` (comma-separated names, default all) of `row_set` `repeats` times into `out`.
+
+    `busy` > 0 loads the machine with that many spinning processes during every run (each stops
+    after `busy_cap_s` seconds or when the run ends); OUT/busy.json records it.
+    """
     bad = [f for f in gin_flags if not f.startswith("--gin.")]
     if bad:
         raise SystemExit(f"unknown arguments {bad}; extra flags must be --gin.KEY=VALUE.")
@@ -141,6 +178,9 @@ def run(row_set: str, out: str, rows: str | None, repeats: int, gin_flags: list[
             raise SystemExit(f"unknown rows {unknown}; {row_set} has {sorted(chosen)}.")
         chosen = {name: chosen[name] for name in rows.split(",")}
     out = pathlib.Path(out)
+    if busy:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "busy.json").write_text(json.dumps({"busy_loops": busy, "cap_s": busy_cap_s}) + "\n")
     for r in range(repeats):
         order = list(chosen)
         random.Random(r).shuffle(order)
@@ -156,7 +196,13 @@ def run(row_set: str, out: str, rows: str | None, repeats: int, gin_flags: list[
             ]
             cmd += [*bindings, *gin_flags, f"--gin.EVAL_OUTPUT_DIR='{run_dir}'"]
             print(f"round {r + 1}/{repeats}: {name}", flush=True)
-            subprocess.run(cmd, cwd=ROOT, check=True)
+            spinners = busy_loops(busy, busy_cap_s)
+            try:
+                subprocess.run(cmd, cwd=ROOT, check=True)
+            finally:
+                for p in spinners:
+                    p.kill()
+                    p.wait()
     subprocess.run(
         [sys.executable, "scripts/render_tables.py", "--repeated", str(out)], cwd=ROOT, check=True
     )

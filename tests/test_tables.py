@@ -28,6 +28,22 @@ def test_median_row_is_the_median_with_the_range_over_runs():
         tables.median_row([_run(1.0), _run(1.0, gamma=3)])
 
 
+def test_median_row_of_auto_runs_that_never_speculated():
+    """An auto run whose gate kept the baseline records no tokens per call: the cell reads '–'."""
+    runs = [_run(s, gamma="auto", tokens_per_iteration=None) for s in (0.97, 1.0, 0.99)]
+    row = tables.median_row(runs)
+    assert "| 0.99X (0.97–1.00) |" in row and row.split(" | ")[8] == "–", row
+    mixed = tables.median_row([*runs[:2], _run(1.1, gamma="auto", tokens_per_iteration=1.8)])
+    assert mixed.split(" | ")[8] == "1.80", mixed  # the median of the runs that recorded it
+
+
+def test_busy_loops_stop_by_themselves():
+    from benchmarks import repeat_rows
+
+    spinners = repeat_rows.busy_loops(2, 0.5)
+    assert all(p.wait(timeout=30) == 0 for p in spinners)
+
+
 def _sweep_run(chain_speeds, tree_speed, tree_tokens):
     sweep = {str(g): {"speedup": s, "tokens_per_iteration": 1.5 + 0.2 * g, "alpha_beta": 0.57,
                       "identical_fraction": 1.0} for g, s in chain_speeds.items()}  # fmt: skip

@@ -333,7 +333,10 @@ def median_row(records: Sequence[dict[str, Any]], target: str = "", headline: bo
         raise ValueError(
             f"median_row got runs of different configurations or kernel paths: {sorted(keys)}."
         )
-    med = lambda xs: None if not xs else float(np.median(xs))  # noqa: E731
+    def med(xs):  # None where no run recorded the value (an auto run that never speculated)
+        xs = [x for x in xs if x is not None]
+        return float(np.median(xs)) if xs else None
+
     sound = [m for m in flats if not degenerate(m)]
     speeds = [m["speedup"] for m in flats]
     m0 = flats[0]
@@ -356,9 +359,9 @@ def median_row(records: Sequence[dict[str, Any]], target: str = "", headline: bo
         fmt(med([m["alpha_beta"] for m in flats if m.get("alpha_beta") is not None])),
         fmt(med([m["c_measured"] for m in sound]), ".3f") if sound else "n/a (degenerate)",
         fmt(med([m["verify_cost_ratio"] for m in sound])) if sound else "n/a",
-        fmt(med([m["tokens_per_iteration"] for m in flats])),
+        fmt(med([m.get("tokens_per_iteration") for m in flats])),
         speed,
-        fmt(med([m["predicted_speedup_measured_verify"] for m in sound]), ".2f", "X"),
+        fmt(med([m.get("predicted_speedup_measured_verify") for m in sound]), ".2f", "X"),
         fmt(
             med([m["predicted_speedup_measured_costs"] for m in sound
                  if m.get("predicted_speedup_measured_costs") is not None]),
