@@ -333,6 +333,7 @@ def median_row(records: Sequence[dict[str, Any]], target: str = "", headline: bo
         raise ValueError(
             f"median_row got runs of different configurations or kernel paths: {sorted(keys)}."
         )
+
     def med(xs):  # None where no run recorded the value (an auto run that never speculated)
         xs = [x for x in xs if x is not None]
         return float(np.median(xs)) if xs else None
