@@ -43,10 +43,6 @@ def plan_name(plan) -> str:
     )
 
 
-def _running(factory):
-    return dataclasses.field(default_factory=factory, init=False)
-
-
 @dataclasses.dataclass
 class TreeChooser:
     """Chooses between the controller's chain choice and the measured tree shapes.
@@ -62,7 +58,7 @@ class TreeChooser:
 
     controller: gamma_controller.GammaController
     shapes: tuple[tuple[int, ...], ...]
-    terms: dict = _running(dict)
+    terms: dict = gamma_controller.running_field(dict)
 
     def __post_init__(self):
         self.shapes = tuple(

@@ -52,13 +52,18 @@ class GammaConfig:
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-            if not (number and math.isfinite(value) and value >= 0):
-                raise ValueError(
-                    f"GammaConfig.{field.name} must be a finite number >= 0; got {value!r}."
-                )
-        if self.min_speedup <= 0:
-            raise ValueError(f"min_speedup must be a finite number > 0; got {self.min_speedup!r}.")
-        if self.tree_margin <= 0:
-            raise ValueError(f"tree_margin must be a finite number > 0; got {self.tree_margin!r}.")
+            strict = field.name in ("min_speedup", "tree_margin")  # > 0; the rest >= 0
+            check_knob("GammaConfig", field.name, getattr(self, field.name), 0, strict=strict)
+
+
+def check_knob(owner: str, name: str, value, low: float, *, integer: bool = False,
+               strict: bool = False) -> None:  # fmt: skip
+    """Raises ValueError naming `owner`.`name` unless `value` is a finite number (an int with
+    `integer`; never a bool) >= low (> low with `strict`)."""
+    kind = int if integer else numbers.Real
+    ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < low or (strict and value == low):
+        what = "an int" if integer else "a finite number"
+        raise ValueError(
+            f"{owner}.{name} must be {what} {'>' if strict else '>='} {low}; got {value!r}."
+        )

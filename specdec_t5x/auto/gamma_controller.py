@@ -32,7 +32,7 @@ def _check_call(name: str, seconds: float, longest_tokens: int) -> None:
         )
 
 
-def _running(factory):
+def running_field(factory):
     """A field of the running state: starts at `factory()`, not a constructor argument."""
     return dataclasses.field(default_factory=factory, init=False)
 
@@ -60,31 +60,31 @@ class GammaController:
     curve: cost_curve.CostCurve
     prior_alpha: float | None = None
     config: GammaConfig = GammaConfig()
-    beta_sum: float = _running(float)  # α: Σ β and its count over all speculative calls
-    num_beta: int = _running(int)
-    beta_calls: int = _running(int)  # speculative calls whose β entered α (n)
-    call_alpha_sum: float = _running(float)  # s_α: Σ and Σ² of the per-call α, and the calls
-    call_alpha_sq_sum: float = _running(float)
-    alpha_calls: int = _running(int)
-    explore_calls: int = _running(int)  # speculative calls chosen by exploring so far
-    exploring: bool = _running(bool)  # whether the last `choose` explored
-    speedup_terms: dict = _running(dict)  # {γ: [calls, Σ base ms, Σ r, Σ r²]}, r: base / wall
-    timed_calls: dict = _running(dict)  # {γ: timed calls} (0: baseline), calibration included
-    measured_ms: dict = _running(dict)  # {'baseline' | 'speculative' | γ: Σ wall, Σ model ms}
-    modelled_ms: dict = _running(dict)
-    calibration_ms: dict = _running(dict)  # {'speculative' | γ: (Σ, Σ)} timed before the run
-    longest_tokens: float = _running(float)  # L: Σ longest-row tokens, calls, {tokens: calls}
-    calls: int = _running(int)
-    length_calls: dict = _running(dict)
-    counted_iterations: float = _running(float)  # η: Σ counted, Σ expected, {γ: (Σ, Σ)}
-    expected_iterations: float = _running(float)
-    iterations_by_gamma: dict = _running(dict)
-    calls_since_baseline: int = _running(int)
-    calls_since_speculative: int = _running(int)
-    baseline_ratio_sum: float = _running(float)  # s_b: Σ and Σ² of measured / modelled
-    baseline_ratio_sq_sum: float = _running(float)
-    history: list = _running(list)
-    last_choice: dict = _running(dict)  # the last `choose`: {'reason', 'alpha', 'predicted'}
+    beta_sum: float = running_field(float)  # α: Σ β and its count over all speculative calls
+    num_beta: int = running_field(int)
+    beta_calls: int = running_field(int)  # speculative calls whose β entered α (n)
+    call_alpha_sum: float = running_field(float)  # s_α: Σ and Σ² of the per-call α, and the calls
+    call_alpha_sq_sum: float = running_field(float)
+    alpha_calls: int = running_field(int)
+    explore_calls: int = running_field(int)  # speculative calls chosen by exploring so far
+    exploring: bool = running_field(bool)  # whether the last `choose` explored
+    speedup_terms: dict = running_field(dict)  # {γ: [calls, Σ base ms, Σ r, Σ r²]}, r: base / wall
+    timed_calls: dict = running_field(dict)  # {γ: timed calls} (0: baseline), calibration included
+    measured_ms: dict = running_field(dict)  # {'baseline' | 'speculative' | γ: Σ wall, Σ model ms}
+    modelled_ms: dict = running_field(dict)
+    calibration_ms: dict = running_field(dict)  # {'speculative' | γ: (Σ, Σ)} timed before the run
+    longest_tokens: float = running_field(float)  # L: Σ longest-row tokens, calls, {tokens: calls}
+    calls: int = running_field(int)
+    length_calls: dict = running_field(dict)
+    counted_iterations: float = running_field(float)  # η: Σ counted, Σ expected, {γ: (Σ, Σ)}
+    expected_iterations: float = running_field(float)
+    iterations_by_gamma: dict = running_field(dict)
+    calls_since_baseline: int = running_field(int)
+    calls_since_speculative: int = running_field(int)
+    baseline_ratio_sum: float = running_field(float)  # s_b: Σ and Σ² of measured / modelled
+    baseline_ratio_sq_sum: float = running_field(float)
+    history: list = running_field(list)
+    last_choice: dict = running_field(dict)  # the last `choose`: {'reason', 'alpha', 'predicted'}
 
     @property
     def alpha(self) -> float | None:

@@ -23,9 +23,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import numbers
 import statistics
 from collections.abc import Callable
+
+from specdec_t5x.auto.gamma_config import check_knob
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +53,8 @@ class GateConfig:
         lows = dict(explore_every=2, evidence_calls=1, window=1, baseline_calls=1,
                     refresh_every=2, max_backoff=1)  # fmt: skip
         for name, low in lows.items():
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"GateConfig.{name} must be an int >= {low}; got {value!r}.")
-        ok = isinstance(self.margin, numbers.Real) and math.isfinite(self.margin)
-        if not ok or self.margin <= 0:
-            raise ValueError(f"GateConfig.margin must be a finite number > 0; got {self.margin!r}.")
+            check_knob("GateConfig", name, getattr(self, name), low, integer=True)
+        check_knob("GateConfig", "margin", self.margin, 0, strict=True)
 
     @property
     def bound_calls(self) -> int:
