@@ -116,12 +116,9 @@ def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, 
     assert len(rows) == 3 and {"input", "baseline", "speculative", "stats"} <= set(rows[0])
     assert (out / "speedup.png").stat().st_size > 0
     assert "| ddtp_ende | perturbed-tiny |" in (out / "table_row.md").read_text()
-    # c and verify/step from the run's own calls (full minus stopped after 2 tokens, per batch),
-    # the step timer's beside them.
+    # c and verify/step from the real decode loops (the batches' caches), the step timer's beside.
     costs = written["step_costs"]
-    assert costs["source"] == "run" and costs["batches"] == 3
-    short, full = costs["units"]["baseline"]
-    assert short <= 3 * 2 < full <= 3 * 12
+    assert costs["sources"] == 3 and len(costs["slopes_ms"]) == 3
     assert costs["verify_step_ms"] <= costs["iteration_ms"]
     assert costs["c"] == written["c_measured"] and "c_alone" in costs and "step_timer" in costs
     table = (out / "table_row.md").read_text()
