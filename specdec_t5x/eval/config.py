@@ -146,10 +146,8 @@ class MeasureConfig:
         Otherwise: from the step timer's one probe
         (`timing.step_timer.step_costs`, one compile), which prices the verify call and the draft
         below what the decode loops pay.
-      diagnostics: True: also measure where the time goes (`eval.diagnostics`: set-up,
-        zero-cost loops, in-loop costs, about 8 extra small compiles) into
-        `metrics['diagnostics']`, and c from the decode loops (`loop_costs`); fixed-γ headlines
-        only. False (default) skips them: the job then compiles the rows and one cost probe.
+      diagnostics: True: c and verify/step from the decode loops (with `loop_costs`). False
+        (default): the job compiles the rows and one cost probe only.
     """
 
     seed: int = 0

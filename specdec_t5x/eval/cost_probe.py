@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specdec_t5x.eval import costs as costs_lib
-from specdec_t5x.timing import loops, overheads, step_timer
+from specdec_t5x.timing import loops, step_timer
 
 logger = logging.getLogger(__name__)
 
@@ -20,8 +20,8 @@ logger = logging.getLogger(__name__)
 def measure(spec_model, target_params, draft_params,
             batches: Sequence[tuple[int, Mapping[str, Any]]], target_len: int, gamma: int,
             settings: Mapping[str, Any], in_loop: bool, repeats: int,
-            baseline_sampler: str = "t5x") -> tuple[dict[str, Any], dict[str, float] | None]:  # fmt: skip
-    """The run's costs: (`loops.loop_costs`' dict, or the step timer's; the loops' own work).
+            baseline_sampler: str = "t5x") -> dict[str, Any]:  # fmt: skip
+    """The run's costs: `loops.loop_costs`' dict, or the step timer's.
 
     Args:
       spec_model, target_params, draft_params: the run's pair, parameters as timed.
@@ -34,20 +34,15 @@ def measure(spec_model, target_params, draft_params,
       baseline_sampler: the baseline's draw (`decoding.SAMPLERS`), as the run's baseline draws.
 
     Returns:
-      (costs with 'c', 'verify_cost_ratio', 'target_step_ms', ... and 'degenerate' (list of
-      reasons, empty when the measurement is sound), the loop-work dict or None).
+      {'c', 'verify_cost_ratio', 'target_step_ms', ... (ms), 'degenerate': list of reasons,
+      empty when the measurement is sound}.
     """
     first = batches[0][1]["encoder_input_tokens"]
     costs = step_timer.step_costs(
         spec_model, target_params, draft_params, first, target_len, gamma, repeats=repeats
     )
-    work = None
     sampling_keys = {k: settings[k] for k in ("temperature", "topk", "topp") if k in settings}
     if in_loop:
-        shape = (first.shape[0], spec_model.module.config.vocab_size, target_len, gamma)
-        work = overheads.measure_loop_ms(
-            *shape, sampling_keys, spec_model.eos_id, repeats, baseline_sampler=baseline_sampler
-        )
         sources = [b["encoder_input_tokens"] for _, b in batches]  # loop_costs: one shape
         sources = [s for s in sources if s.shape == first.shape][:4]
         costs = loops.loop_costs(
@@ -62,4 +57,4 @@ def measure(spec_model, target_params, draft_params,
             "quieter machine.",
             "; ".join(costs["degenerate"]),
         )
-    return costs, work
+    return costs

@@ -12,8 +12,8 @@ factory `eval.lineup.build`): the baseline(s), one chain per fixed γ, one row p
 auto γ's row (`specdec_t5x.auto.row`).
 
 The costs phase prices c and verify/step with the step timer alone (one cheap probe: a few small
-compiles of single decoder steps); the real decode loops (`timing.loops.loop_costs`) and the loops'
-own work run only with `MeasureConfig.diagnostics` (and `loop_costs`).
+compiles of single decoder steps); the real decode loops (`timing.loops.loop_costs`) run only with
+`MeasureConfig.diagnostics` (and `loop_costs`).
 
 Timing rules (so ratios mean something):
 * every jitted function is compiled and run once on the evaluation shapes before timing;
@@ -168,7 +168,7 @@ def evaluate(
                 )  # fmt: skip
             interrupts.check()
             with phase("costs: c and verify/step", phases, "costs"):
-                run_costs, work = lineup.measure_costs(
+                run_costs = lineup.measure_costs(
                     spec_model,
                     target_params,
                     draft_params,
@@ -213,18 +213,6 @@ def evaluate(
                 )
                 for row in rows:
                     row.report(flat, runs, context)
-            if measure.diagnostics and gamma != "auto":
-                with phase(
-                    "report: diagnostics (where the time goes)", phases, "report_diagnostics"
-                ):
-                    budget = lineup.time_budget(
-                        spec_model, target_params, draft_params, first, flat, runs,
-                        rows_per_call, gamma=gamma, settings=settings,
-                        repeats=measure.cost_repeats, loop=work,
-                        sources=[b["encoder_input_tokens"] for _, b in batches],
-                    )  # fmt: skip
-                    flat["diagnostics"] = {"time_budget": budget}
-                    flat["predicted_speedup_measured_costs"] = budget["predicted_speedup"]
             with phase("report: exactness checks", phases, "report_exactness"):
                 flat.update(
                     _exactness(

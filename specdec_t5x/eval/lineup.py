@@ -3,14 +3,13 @@ auto γ and to the timing code).
 
 `build` returns the baseline(s), one chain per fixed γ, one row per token tree and, with 'auto'
 among the γs, auto γ's row (`specdec_t5x.auto.row.AutoRow`), in the job's call-order keys.
-`measure_costs` and `time_budget` are the instruments: c and verify/step (`eval.cost_probe`), and
-where the time goes (`eval.diagnostics`).
+`measure_costs` is the instrument: c and verify/step (`eval.cost_probe`).
 """
 
 from __future__ import annotations
 
 from specdec_t5x.auto import row as auto_row
-from specdec_t5x.eval import cost_probe, diagnostics
+from specdec_t5x.eval import cost_probe
 from specdec_t5x.eval import rows as rows_lib
 from specdec_t5x.sampling import SamplingSettings
 from specdec_t5x.speculation import Speculation
@@ -18,7 +17,6 @@ from specdec_t5x.timing import clock
 
 call_order = clock.call_order  # the rows' seeded random order per batch
 measure_costs = cost_probe.measure  # c and verify/step: the step timer's one probe (+ the loops)
-time_budget = diagnostics.eval_time_budget  # where the time goes (DIAGNOSTICS)
 
 
 def build(spec_model, target_params, draft_params, sampling_settings: SamplingSettings,
