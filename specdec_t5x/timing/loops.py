@@ -82,7 +82,7 @@ def loop_costs(spec_model, target_params, draft_params,
 
     def baseline_loop(eos):
         def run(tp, e, tc, n):
-            step = clock.one_token_logits(steps.make_block_step(module, tp, e))
+            step = decoding.one_token_logits(steps.make_block_step(module, tp, e))
             out = decoding.temperature_sample(
                 inputs, tc, step, eos, rng, max_decode_steps=n, sampler=baseline_sampler, **settings
             )[0].reshape(batch, -1)
