@@ -24,11 +24,14 @@ def _mean_variance(total: float, sq_total: float, n: int) -> tuple[float, float]
     return mean, max(sq_total / n - mean * mean, 0.0) * n / (n - 1)
 
 
-def _check_call(name: str, seconds: float, longest_tokens: int) -> None:
-    if not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1:
+def _check_call(name: str, seconds: float, longest_tokens: int, gamma=0, iterations=None) -> None:
+    """Raises ValueError unless seconds >= 0 (finite), longest_tokens >= 1 and, for γ >= 1,
+    iterations >= 1."""
+    bad_speculative = gamma != 0 and (iterations is None or iterations < 1)
+    if not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1 or bad_speculative:
         raise ValueError(
-            f"{name} needs seconds >= 0 and longest_tokens >= 1; got {seconds!r}, "
-            f"{longest_tokens!r}."
+            f"{name} needs seconds >= 0, longest_tokens >= 1 and for γ >= 1 iterations >= 1; "
+            f"got {seconds!r}, {longest_tokens!r}, γ = {gamma!r}, {iterations!r}."
         )
 
 
@@ -301,9 +304,7 @@ class GammaController:
           ValueError: negative or non-finite seconds, longest_tokens < 1, or γ > 0 without
             iterations >= 1.
         """
-        _check_call("observe", seconds, longest_tokens)
-        if gamma > 0 and (iterations is None or iterations < 1):
-            raise ValueError(f"observe of γ = {gamma} needs iterations >= 1; got {iterations!r}.")
+        _check_call("observe", seconds, longest_tokens, gamma, iterations)
         if gamma == 0:
             self.time_baseline(seconds, longest_tokens)  # ρ_b, its spread, the timed calls
         else:
@@ -389,13 +390,9 @@ class GammaController:
         toward ρ_s (pooled and γ's) and γ's timed calls, as `time_baseline`'s toward ρ_b, so both
         start from calls of the same moment; not α, η, L, the history or `measured_speedup`.
         Raises ValueError as `observe`."""
-        bad_call = not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1
-        if gamma < 1 or bad_call or iterations is None or iterations < 1:
-            raise ValueError(
-                "time_speculative needs γ >= 1, seconds >= 0, longest_tokens >= 1 and "
-                f"iterations >= 1; got {gamma!r}, {seconds!r}, {longest_tokens!r}, "
-                f"{iterations!r}."
-            )
+        _check_call("time_speculative", seconds, longest_tokens, gamma or 1, iterations)
+        if gamma < 1:
+            raise ValueError(f"time_speculative needs γ >= 1; got {gamma!r}.")
         modelled = self.curve.speculative_call_ms(gamma, iterations)
         for key in ("speculative", gamma):
             measured, model = self.calibration_ms.get(key, (0.0, 0.0))
