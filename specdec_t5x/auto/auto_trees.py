@@ -75,11 +75,7 @@ class TreeChooser:
         shape = tuple(shape)
         if shape not in self.shapes:
             raise ValueError(f"unknown tree {shape!r}; the candidates are {self.shapes}.")
-        if not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1:
-            raise ValueError(
-                f"time_tree needs seconds >= 0 and longest_tokens >= 1; got {seconds!r}, "
-                f"{longest_tokens!r}."
-            )
+        gamma_controller.check_call("time_tree", seconds, longest_tokens)
         terms = self.terms.setdefault(shape, [0, 0.0, 0.0])
         terms[0] += 1
         terms[1] += self.controller.curve.baseline_call_ms(int(longest_tokens))

@@ -24,7 +24,7 @@ def _mean_variance(total: float, sq_total: float, n: int) -> tuple[float, float]
     return mean, max(sq_total / n - mean * mean, 0.0) * n / (n - 1)
 
 
-def _check_call(name: str, seconds: float, longest_tokens: int, gamma=0, iterations=None) -> None:
+def check_call(name: str, seconds: float, longest_tokens: int, gamma=0, iterations=None) -> None:
     """Raises ValueError unless seconds >= 0 (finite), longest_tokens >= 1 and, for γ >= 1,
     iterations >= 1."""
     bad_speculative = gamma != 0 and (iterations is None or iterations < 1)
@@ -304,7 +304,7 @@ class GammaController:
           ValueError: negative or non-finite seconds, longest_tokens < 1, or γ > 0 without
             iterations >= 1.
         """
-        _check_call("observe", seconds, longest_tokens, gamma, iterations)
+        check_call("observe", seconds, longest_tokens, gamma, iterations)
         if gamma == 0:
             self.time_baseline(seconds, longest_tokens)  # ρ_b, its spread, the timed calls
         else:
@@ -320,7 +320,7 @@ class GammaController:
         Raises:
           ValueError: negative or non-finite seconds or longest_tokens < 1.
         """
-        _check_call("observe_unmodelled", seconds, longest_tokens)
+        check_call("observe_unmodelled", seconds, longest_tokens)
         self._count_call(label, seconds, longest_tokens, iterations, False, False)
 
     def _count_call(
@@ -373,7 +373,7 @@ class GammaController:
         """Records a timed baseline call made before the run (the calibration's): it counts
         toward ρ_b, its spread and the timed calls, not L, the history or the re-timing counters.
         Raises ValueError as `observe`."""
-        _check_call("time_baseline", seconds, longest_tokens)
+        check_call("time_baseline", seconds, longest_tokens)
         modelled = self.curve.baseline_call_ms(longest_tokens)
         self.measured_ms["baseline"] = self.measured_ms.get("baseline", 0.0) + 1e3 * float(seconds)
         self.modelled_ms["baseline"] = self.modelled_ms.get("baseline", 0.0) + modelled
@@ -390,7 +390,7 @@ class GammaController:
         toward ρ_s (pooled and γ's) and γ's timed calls, as `time_baseline`'s toward ρ_b, so both
         start from calls of the same moment; not α, η, L, the history or `measured_speedup`.
         Raises ValueError as `observe`."""
-        _check_call("time_speculative", seconds, longest_tokens, gamma or 1, iterations)
+        check_call("time_speculative", seconds, longest_tokens, gamma or 1, iterations)
         if gamma < 1:
             raise ValueError(f"time_speculative needs γ >= 1; got {gamma!r}.")
         modelled = self.curve.speculative_call_ms(gamma, iterations)
