@@ -168,7 +168,7 @@ def evaluate(
                 )  # fmt: skip
             interrupts.check()
             with phase("costs: c and verify/step", phases, "costs"):
-                run_costs = lineup.measure_costs(
+                step_costs = lineup.measure_costs(
                     spec_model,
                     target_params,
                     draft_params,
@@ -196,7 +196,7 @@ def evaluate(
                     runs,
                     gammas,
                     gammas[0] if gamma == "auto" else gamma,
-                    run_costs,
+                    step_costs,
                     examples,
                     seqio_task,
                     vocabulary,
