@@ -31,10 +31,10 @@ def decoder_step(module: network.Transformer) -> Callable[..., Any]:
     return step
 
 
-def time_decoder_steps(target_step, target_args, draft_step, draft_args,
-                       make_caches: Callable[..., Any], *, batch: int, position: int, gamma: int,
-                       repeats: int = 30, warmup: int = 3, steps_per_call: int = 8,
-                       block_sizes: Sequence[int] = ()) -> dict[str, Any]:  # fmt: skip
+def time_decoder_steps(target_step, target_args, target_cache, draft_step, draft_args,
+                       draft_cache, *, batch: int, position: int, gamma: int, repeats: int = 30,
+                       warmup: int = 3, steps_per_call: int = 8, block_sizes: Sequence[int] = (),
+                       make_caches: Callable[..., Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """c and the verify-cost ratio of two decoder steps, each timed inside loops, in one program.
 
     Each loop (the target's one-token step, the draft's step, the γ + 1-token verify call, a
@@ -48,8 +48,8 @@ def time_decoder_steps(target_step, target_args, draft_step, draft_args,
     Args:
       target_step, draft_step: `(*args, tokens int32 [batch, k], positions int32 [batch], cache)
         -> (logits float32 [batch, k, vocab], cache)`, traceable.
-      target_args, draft_args: their leading arguments; make_caches: `(target_args, draft_args)
-        -> (target cache, draft cache)`, traced into the probe (`cache_builder`).
+      target_args, draft_args: their leading arguments; target_cache, draft_cache: the caches
+        (unused with `make_caches`: `(target_args, draft_args) -> caches`, traced into the probe).
       batch: rows; position: decoder position of the timed steps; gamma: γ >= 1.
       repeats, warmup: `clock.time_interleaved`'s; steps_per_call: the short loop, >= 1.
       block_sizes: target block sizes k also timed (the cost curve's T(k)).
@@ -74,10 +74,11 @@ def time_decoder_steps(target_step, target_args, draft_step, draft_args,
     names = [*tokens, "iteration"]
     program = _probe_program(target_step, draft_step, gamma, names, make_caches)
     lengths = {"short": steps_per_call, "long": clock.LONG_LOOP * steps_per_call}
+    caches = None if make_caches is not None else (target_cache, draft_cache)
 
     def call(name, length):
         counts = jnp.asarray([lengths[length] if n == name else 0 for n in names], jnp.int32)
-        return lambda: program(target_args, draft_args, tokens, pos, counts)
+        return lambda: program(target_args, draft_args, caches, tokens, pos, counts)
 
     calls = {(n, length): call(n, length) for n in names for length in lengths}
     samples = clock.time_interleaved(calls, repeats, warmup, shuffle=True)
@@ -119,14 +120,15 @@ def time_decoder_steps(target_step, target_args, draft_step, draft_args,
 
 
 def _probe_program(target_step, draft_step, gamma: int, names, make_caches):
-    """Jitted `(target_args, draft_args, tokens, positions, counts int32 [len(names)]) ->
+    """Jitted `(target_args, draft_args, caches, tokens, positions, counts int32 [len(names)]) ->
     float32 [batch]`: each loop of `names` run `counts[i]` times on its own copy of the caches
-    (built by `make_caches`), one logit per step summed to keep the logits live."""
+    (built by `make_caches` when given), one logit per step summed to keep the logits live."""
     target_loop, draft_loop = clock.loop(target_step), clock.loop(draft_step)
     iteration = clock.iterations(target_step, draft_step, gamma)
 
-    def run(target_args, draft_args, tokens, positions, counts):
-        caches = make_caches(target_args, draft_args)
+    def run(target_args, draft_args, caches, tokens, positions, counts):
+        if make_caches is not None:
+            caches = make_caches(target_args, draft_args)
         target_cache, draft_cache = caches
         total = jnp.zeros((positions.shape[0],), jnp.float32)
         for i, name in enumerate(names):
@@ -190,8 +192,8 @@ def step_costs(spec_model, target_params, draft_params, encoder_input_tokens: Ar
 
     largest = max([gamma + 1, *block_sizes])
     return time_decoder_steps(
-        decoder_step(module), (target_params, enc), draft_step, (draft_params, enc),
-        cache_builder(spec_model, max_decode_len), batch=enc.shape[0],
-        position=max(0, min(position, max_decode_len - largest)), gamma=gamma, repeats=repeats,
-        block_sizes=tuple(block_sizes),
+        decoder_step(module), (target_params, enc), None, draft_step, (draft_params, enc), None,
+        batch=enc.shape[0], position=max(0, min(position, max_decode_len - largest)),
+        gamma=gamma, repeats=repeats, block_sizes=tuple(block_sizes),
+        make_caches=cache_builder(spec_model, max_decode_len),
     )  # fmt: skip
