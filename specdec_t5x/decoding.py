@@ -95,6 +95,17 @@ class SamplingLoopState:
 TokensToLogits = Callable[[DecodingState], tuple[Array, Any]]
 
 
+def one_token_logits(block_step) -> TokensToLogits:
+    """A `steps.BlockStep` as T5X's `tokens_to_logits(DecodingState) -> (float32 [B, vocab],
+    cache)`: the step on the state's one token, int32 [B, 1], at its index."""
+
+    def tokens_to_logits(state: DecodingState):
+        logits, cache = block_step(state.cur_token, state.cur_index, state.cache)
+        return logits[:, 0], cache  # [B, 1, V] -> [B, V]
+
+    return tokens_to_logits
+
+
 def check_sampler(sampler: str) -> None:
     """Checks a baseline sampler name.
 

@@ -139,14 +139,8 @@ make_block_step = steps.make_block_step
 pack_params = steps.pack_params
 
 
-def one_token_logits_fn(block_step: BlockStep) -> decoding.TokensToLogits:
-    """Adapts a block step to T5X's `tokens_to_logits(DecodingState) -> ([B, vocab], cache)`."""
-
-    def tokens_to_logits(state: decoding.DecodingState):
-        logits, cache = block_step(state.cur_token, state.cur_index, state.cache)
-        return logits[:, 0], cache  # [B, 1, V] -> [B, V]
-
-    return tokens_to_logits
+# Adapts a block step to T5X's `tokens_to_logits(DecodingState) -> (float32 [B, vocab], cache)`.
+one_token_logits_fn = decoding.one_token_logits
 
 
 def decoder_prompt_inputs(batch: Mapping[str, Array], eos_id: int, prompt_with_targets: bool):

@@ -807,68 +807,6 @@ def test_loop_costs_times_the_real_loops_by_slope(pair):
         loops.loop_costs(spec_model, params, spec_model.draft.params, enc, MAX_LEN, 0, settings)
 
 
-def _run_timings(verify_ms: float, batches: int = 5):
-    """Per-batch seconds and units of `loops.RUN_COST_CALLS`: 3 ms set-up per call, T(1)
-    0.5 ms, an iteration 0.8 ms and the zero-cost-draft iteration `verify_ms`, + loop work."""
-    work = {"baseline_per_token_ms": 0.05, "speculative_per_iteration_ms": 0.02}
-    per_unit = {"baseline": 0.55, "speculative": 0.82, "verify_only": verify_ms + 0.02}
-    seconds, units = {}, {}
-    for call in loops.RUN_COST_CALLS:
-        full = [10 + 3 * b for b in range(batches)]  # units of the full calls vary by batch
-        for length, n in (("short", [2] * batches), ("full", full)):
-            units[(call, length)] = n
-            seconds[(call, length)] = [(3.0 + per_unit[call] * u) / 1e3 for u in n]
-    return seconds, units, work
-
-
-def test_run_costs_prices_steps_from_full_minus_short_calls():
-    seconds, units, work = _run_timings(verify_ms=0.7)
-    costs = loops.run_costs(seconds, units, 2, work, {"draft_step_ms": 0.01})
-    # The set-up (3 ms per call) cancels; the loop work is taken off.
-    assert costs["target_step_ms"] == pytest.approx(0.5)
-    assert costs["iteration_ms"] == pytest.approx(0.8)
-    assert costs["verify_step_ms"] == pytest.approx(0.7) and not costs["verify_capped"]
-    assert costs["c"] == pytest.approx(0.1 / (2 * 0.5))
-    assert costs["verify_cost_ratio"] == pytest.approx(1.4)
-    assert costs["c_alone"] == pytest.approx(0.02)
-    assert costs["interference_ms"] == pytest.approx(0.1 - 2 * 0.01)
-    assert costs["units"]["baseline"] == [10, sum(10 + 3 * b for b in range(5))]
-    # The raw per-batch timings are kept, in the run's order, for re-analysis.
-    for (call, length), sec in seconds.items():
-        kept = costs["calls"][f"{call}/{length}"]
-        assert kept["seconds"] == pytest.approx(list(sec))
-        assert kept["units"] == [int(u) for u in units[(call, length)]]
-    assert len(costs["calls"]) == 6
-    lo, hi = costs["interval"]["verify_cost_ratio"]
-    assert lo == pytest.approx(1.4) and hi == pytest.approx(1.4)  # noise-free: no spread
-    # Thm 3.8 with (c, verify) is E(α, γ) T(1) / iteration.
-    assert 2 * costs["c"] + costs["verify_cost_ratio"] == pytest.approx(0.8 / 0.5)
-
-
-def test_run_costs_caps_the_verify_call_at_its_iteration():
-    seconds, units, work = _run_timings(verify_ms=0.9)  # the zero-cost-draft loop reads more
-    costs = loops.run_costs(seconds, units, 2, work)
-    assert costs["verify_capped"] and costs["verify_only_ms"] == pytest.approx(0.9)
-    assert costs["verify_step_ms"] == pytest.approx(0.8) and costs["c"] == 0
-    assert "c_alone" not in costs
-
-
-def test_run_costs_refuses_bad_input():
-    seconds, units, work = _run_timings(verify_ms=0.7)
-    with pytest.raises(ValueError, match="gamma must be an int >= 1"):
-        loops.run_costs(seconds, units, 0, work)
-    with pytest.raises(ValueError, match="missing"):
-        loops.run_costs({}, units, 2, work)
-    short = dict(units)
-    short[("speculative", "full")] = [2] * 5  # no iteration beyond the short calls
-    with pytest.raises(ValueError, match="too short"):
-        loops.run_costs(seconds, short, 2, work)
-    uneven = dict(seconds)
-    uneven[("baseline", "full")] = seconds[("baseline", "full")][:-1]
-    with pytest.raises(ValueError, match="one non-empty value per batch"):
-        loops.run_costs(uneven, units, 2, work)
-
-
 def test_calibration_calls_time_speculation_so_two_slow_first_calls_do_not_switch_it_off():
     """The calibration times the baseline at its model; then the probe and one γ = 2 call run
     slow (1.55x their model, a slow phase of the machine) with a low α. Without the

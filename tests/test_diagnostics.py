@@ -1,4 +1,4 @@
-"""`eval.diagnostics`: the composition of measured component costs, and the zero-cost loops it times."""
+"""The zero-cost loops `overheads.measure_loop_ms` times, and the prediction at output lengths."""
 
 import jax
 import jax.numpy as jnp
@@ -6,55 +6,15 @@ import numpy as np
 import pytest
 
 from specdec_t5x import decoding, models, speculative, theory
-from specdec_t5x.eval import diagnostics, summary
+from specdec_t5x.eval import summary
 from specdec_t5x.timing import clock, overheads
 
-SETUP = {"target_setup_ms": 2.0, "draft_setup_ms": 0.5}
 LOOP = {
     "baseline_per_token_ms": 0.1,
     "baseline_fixed_ms": 0.3,
     "speculative_per_iteration_ms": 0.4,
     "speculative_fixed_ms": 0.6,
 }
-
-
-def test_compose_adds_every_component_with_the_counted_calls():
-    out = diagnostics.compose(
-        gamma=3,
-        num_calls=2,
-        baseline_tokens=40,
-        iterations=16,
-        target_step_ms=1.0,
-        draft_step_ms=0.2,
-        verify_step_ms=1.5,
-        setup=SETUP,
-        loop=LOOP,
-        baseline_seconds=0.1,
-        speculative_seconds=0.05,
-    )
-    base = 2 * 2.0 + 2 * 0.3 + 40 * 1.0 + 40 * 0.1  # 48.6 ms
-    spec = 2 * 2.0 + 2 * 0.5 + 2 * 0.6 + 16 * 3 * 0.2 + 16 * 1.5 + 16 * 0.4  # 46.2 ms
-    assert out["baseline_ms"] == pytest.approx(base)
-    assert out["speculative_ms"] == pytest.approx(spec)
-    assert out["predicted_speedup"] == pytest.approx(base / spec)
-    assert out["speculative"]["draft_steps"] == pytest.approx(9.6)
-    assert out["baseline_residual_ms"] == pytest.approx(100.0 - base)
-    assert out["speculative_residual_ms"] == pytest.approx(50.0 - spec)
-
-
-def test_compose_refuses_negative_costs_naming_them():
-    with pytest.raises(ValueError, match="draft_step_ms"):
-        diagnostics.compose(
-            gamma=3,
-            num_calls=1,
-            baseline_tokens=1,
-            iterations=1,
-            target_step_ms=1.0,
-            draft_step_ms=-0.1,
-            verify_step_ms=1.0,
-            setup=SETUP,
-            loop=LOOP,
-        )
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -86,29 +46,6 @@ def test_zero_cost_loops_run_the_lengths_measure_loop_ms_assumes(temperature):
     assert int(stats.num_iterations[0]) == -(-n // (gamma + 1))
     ms = overheads.measure_loop_ms(1, vocab, 12, gamma, settings, eos, repeats=2)
     assert set(ms) == set(LOOP) and all(v >= 0 for v in ms.values())
-
-
-def test_per_call_counts_take_the_longest_row_of_each_call():
-    stats = lambda it, gen: speculative.SpeculativeStats(  # noqa: E731
-        num_iterations=np.int32(it),
-        num_draft_tokens=np.int32(0),
-        num_accepted=np.int32(0),
-        accept_histogram=np.zeros(4, np.int32),
-        beta_sum=np.float32(0),
-        num_beta=np.int32(0),
-        num_generated=np.int32(gen),
-        num_proposed=np.int32(0),
-        log_prob=np.float32(0.0),
-    )
-    eos = 1
-    runs = {
-        "baseline": summary.Run(
-            tokens=[np.array([5, 5, 1, 0]), np.array([5, 1, 0, 0]), np.array([5, 5, 5, 1])]
-        ),
-        3: summary.Run(stats=[stats(2, 3), stats(1, 2), stats(3, 4)]),
-    }
-    counts = diagnostics.per_call_counts(runs, 3, eos, [2, 1])
-    assert counts == {"baseline_tokens": 3 + 4, "iterations": 2 + 3, "speculative_tokens": 3 + 4}
 
 
 def test_prediction_at_output_lengths_tends_to_thm_3_8_and_counts_calls():

@@ -7,7 +7,6 @@ import pytest
 from conftest import encoder_inputs, init_params, tiny_config
 
 from specdec_t5x import cpu_kernel, drafts, models, network, speculative, steps
-from specdec_t5x.timing import overheads
 
 needs_kernel = pytest.mark.skipif(
     not cpu_kernel.available(),
@@ -163,25 +162,6 @@ def test_speculative_greedy_equals_baseline_with_buckets(target, share_target_en
     np.testing.assert_array_equal(
         spec.predict_batch_with_aux(packed, one, decoder_params={**greedy, "gamma": 2})[0], ref[:1]
     )
-
-
-@needs_kernel
-def test_setup_time_is_averaged_over_the_calls_buckets(target):
-    module, params, packed = target
-    dmod = network.Transformer(tiny_config(vocab_size=48, num_decoder_layers=1))
-    draft = drafts.T5Draft(dmod, init_params(dmod, 7))
-    spec = models.SpeculativeEncoderDecoderModel(module, draft)
-    sources = [encoder_inputs(1, ENC_LEN, [n], vocab=48, seed=n) for n in (3, 8, 20, 39)]
-    out = overheads.measure_setup_ms(
-        spec, packed, draft.pack_params(draft.params), sources[0], 6, repeats=3, sources=sources
-    )
-    rows = out["by_length"]
-    assert sorted(rows) == [16, 32, 40] and [rows[k]["calls"] for k in (16, 32, 40)] == [2, 1, 1]
-    for k in ("target_setup_ms", "draft_setup_ms"):
-        mean = sum(r[k] * r["calls"] for r in rows.values()) / 4
-        assert out[k] == pytest.approx(mean) and out[k] > 0
-    with pytest.raises(ValueError, match="at least one"):
-        overheads.measure_setup_ms(spec, packed, draft.params, sources[0], 6, sources=[])
 
 
 @needs_kernel

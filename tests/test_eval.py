@@ -8,11 +8,10 @@ import re
 import gin
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from conftest import init_params, perturbed, tiny_config, tiny_spec_pair
 
-from specdec_t5x import cpu_kernel, gin_utils, models, network, sampling, speculative, theory, vocab
+from specdec_t5x import cpu_kernel, gin_utils, models, network, sampling, speculative, vocab
 from specdec_t5x import inputs as inputs_lib
 from specdec_t5x import metrics as metrics_lib
 from specdec_t5x.eval import checks, config, job, summary, tables
@@ -23,7 +22,7 @@ REQUIRED_KEYS = (
     "c_measured verify_cost_ratio tokens_per_iteration predicted_speedup_thm38 identical_fraction "
     "baseline_tokens_per_s speculative_tokens_per_s quality hardware commit command "
     "predicted_speedup_measured_verify predicted_speedup_output_lengths "
-    "predicted_speedup_measured_costs time_budget inputs switches"
+    "inputs switches"
 ).split()
 
 
@@ -116,12 +115,9 @@ def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, 
     assert len(rows) == 3 and {"input", "baseline", "speculative", "stats"} <= set(rows[0])
     assert (out / "speedup.png").stat().st_size > 0
     assert "| ddtp_ende | perturbed-tiny |" in (out / "table_row.md").read_text()
-    # c and verify/step from the run's own calls (full minus stopped after 2 tokens, per batch),
-    # the step timer's beside them.
+    # c and verify/step from the real decode loops (the batches' caches), the step timer's beside.
     costs = written["step_costs"]
-    assert costs["source"] == "run" and costs["batches"] == 3
-    short, full = costs["units"]["baseline"]
-    assert short <= 3 * 2 < full <= 3 * 12
+    assert costs["sources"] == 3 and len(costs["slopes_ms"]) == 3
     assert costs["verify_step_ms"] <= costs["iteration_ms"]
     assert costs["c"] == written["c_measured"] and "c_alone" in costs and "step_timer" in costs
     table = (out / "table_row.md").read_text()
@@ -133,31 +129,7 @@ def test_eval_end_to_end_writes_complete_results(tiny_pair, data_dir, tmp_path, 
         assert cells["verify/step"] == "n/a" and cells["Predicted (Thm 3.8)"] == "n/a"
     else:
         assert f"({costs['c_alone']:.3f} alone)" in table
-    # Where the time goes: the components add up to the composed times (batch 1: counted calls).
-    budget = written["time_budget"]
-    for side in ("baseline", "speculative"):
-        assert budget[f"{side}_ms"] == pytest.approx(sum(budget[side].values()))
-    assert written["predicted_speedup_measured_costs"] == pytest.approx(
-        budget["baseline_ms"] / budget["speculative_ms"]
-    )
-    assert budget["counts"]["iterations"] == written["target_calls"]
-    assert budget["counts"]["baseline_tokens"] == written["baseline_target_calls"]
-    in_loop = budget["in_loop_ms"]  # from the run's own calls, beside the step timer's loops
-    assert in_loop["verify_in_loop_ms"] == costs["verify_only_ms"] > 0
-    assert in_loop["drafting_in_loop_ms"] >= 0
-    assert in_loop["draft_and_verify_one_loop_ms"] == costs["step_timer"]["iteration_ms"] >= 0
-    assert in_loop["verify_step_ms"] == costs["step_timer"]["verify_step_ms"]
-    ladder = list(budget["ladder"].values())
-    assert ladder[-1] == written["predicted_speedup_measured_costs"]
-    if budget["counts"]["baseline_tokens"] == budget["counts"]["speculative_tokens"]:
-        # Model calls only, iterations from Eq. 1 at α: Thm 3.8 with the measured verify cost.
-        assert ladder[0] == pytest.approx(written["predicted_speedup_measured_verify"], rel=1e-9)
-        # The same at the run's output lengths (batch 1): the column beside it.
-        assert ladder[1] == pytest.approx(written["predicted_speedup_output_lengths"], rel=1e-9)
     lengths = [r["stats"]["num_generated"] for r in rows]
-    assert budget["counts"]["expected_iterations_at_output_lengths"] == pytest.approx(
-        float(np.sum(theory.expected_iterations(lengths, written["alpha_beta"], 3)))
-    )
     if temperature == 0.0 and written["identical_fraction"] == 1.0:
         assert written["predicted_speedup_output_lengths"] == pytest.approx(
             summary.predicted_at_output_lengths(

@@ -43,10 +43,6 @@ def plan_name(plan) -> str:
     )
 
 
-def _running(factory):
-    return dataclasses.field(default_factory=factory, init=False)
-
-
 @dataclasses.dataclass
 class TreeChooser:
     """Chooses between the controller's chain choice and the measured tree shapes.
@@ -62,7 +58,7 @@ class TreeChooser:
 
     controller: gamma_controller.GammaController
     shapes: tuple[tuple[int, ...], ...]
-    terms: dict = _running(dict)
+    terms: dict = gamma_controller.running_field(dict)
 
     def __post_init__(self):
         self.shapes = tuple(
@@ -79,11 +75,7 @@ class TreeChooser:
         shape = tuple(shape)
         if shape not in self.shapes:
             raise ValueError(f"unknown tree {shape!r}; the candidates are {self.shapes}.")
-        if not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1:
-            raise ValueError(
-                f"time_tree needs seconds >= 0 and longest_tokens >= 1; got {seconds!r}, "
-                f"{longest_tokens!r}."
-            )
+        gamma_controller.check_call("time_tree", seconds, longest_tokens)
         terms = self.terms.setdefault(shape, [0, 0.0, 0.0])
         terms[0] += 1
         terms[1] += self.controller.curve.baseline_call_ms(int(longest_tokens))

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 ENV = "SPECDEC_COST_CURVE_CACHE"
 DEFAULT_DIR = pathlib.Path.home() / ".cache" / "specdec_t5x" / "cost_curves"
+OFF = ("", "0", "off", "false")  # settings that turn the cache off
 FORMAT = 1  # the cache file's layout; bump to drop every older entry
 
 # Modules whose code decides what a cost curve measures (any edit invalidates the cache).
@@ -143,10 +144,10 @@ def curve_from_dict(d: Mapping[str, Any]) -> cost_curve.CostCurve:
 
 class CostCurveCache:
     """One JSON file per key: {'key', 'curve' (`CostCurve.to_dict`), 'seconds', 'created' (UTC)}
-    in `directory` (None: `resolve_dir()`)."""
+    in `directory`."""
 
-    def __init__(self, directory: str | os.PathLike | None = None):
-        self.directory = pathlib.Path(directory if directory is not None else resolve_dir())
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = pathlib.Path(directory)
 
     def path(self, key: Mapping[str, Any]) -> pathlib.Path:
         return self.directory / f"{key_digest(key)}.json"
@@ -182,26 +183,16 @@ class CostCurveCache:
             )
 
 
-def resolve_dir() -> pathlib.Path | None:
-    """$SPECDEC_COST_CURVE_CACHE (None when '0' or empty-off), else the default directory."""
-    value = os.environ.get(ENV)
-    if value is None:
-        return DEFAULT_DIR
-    if value.strip() in ("", "0", "off", "false"):
-        return None
-    return pathlib.Path(value)
-
-
 def open_cache(setting: Any = None) -> CostCurveCache | None:
-    """The cache of `AutoGammaDecoder(cost_cache=setting)`: None → the environment's (or the
-    default), False or '0' → none, a path → that directory, a `CostCurveCache` as is."""
+    """The cache of `AutoGammaDecoder(cost_cache=setting)`: None → $SPECDEC_COST_CURVE_CACHE (or
+    the default directory), False or '', '0', 'off', 'false' → none, a path → that directory, a
+    `CostCurveCache` as is."""
     if isinstance(setting, CostCurveCache):
         return setting
-    if setting is False or (isinstance(setting, str) and setting.strip() in ("", "0", "off")):
-        return None
     if setting is None:
-        directory = resolve_dir()
-        return None if directory is None else CostCurveCache(directory)
+        setting = os.environ.get(ENV, DEFAULT_DIR)
+    if setting is False or (isinstance(setting, str) and setting.strip() in OFF):
+        return None
     return CostCurveCache(setting)
 
 

@@ -7,6 +7,30 @@ import math
 import numbers
 
 
+def knob(default, low: float = 0, *, integer: bool = False, strict: bool = False):
+    """A config field that `check_knobs` bounds: >= low (> low with `strict`), an int with
+    `integer` (a field declared plainly: a finite number >= 0)."""
+    return dataclasses.field(
+        default=default, metadata={"low": low, "integer": integer, "strict": strict}
+    )
+
+
+def check_knobs(config, strict_fields: tuple[str, ...] = ()) -> None:
+    """Raises ValueError naming the first field of the dataclass `config` that is not a finite
+    number (an int where `knob` says so; never a bool) within its `knob` bound (> 0 for the
+    fields named in `strict_fields`)."""
+    for field in dataclasses.fields(config):
+        low = field.metadata.get("low", 0)
+        strict = field.name in strict_fields or field.metadata.get("strict", False)
+        integer, value = field.metadata.get("integer", False), getattr(config, field.name)
+        kind = int if integer else numbers.Real
+        ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value < low or (strict and value == low):
+            what, op = ("an int" if integer else "a finite number"), (">" if strict else ">=")
+            name = type(config).__name__
+            raise ValueError(f"{name}.{field.name} must be {what} {op} {low}; got {value!r}.")
+
+
 @dataclasses.dataclass(frozen=True)
 class GammaConfig:
     """Tuning knobs of `GammaController` (the defaults are the eval job's).
@@ -51,14 +75,4 @@ class GammaConfig:
     tree_margin: float = 1.02
 
     def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-            if not (number and math.isfinite(value) and value >= 0):
-                raise ValueError(
-                    f"GammaConfig.{field.name} must be a finite number >= 0; got {value!r}."
-                )
-        if self.min_speedup <= 0:
-            raise ValueError(f"min_speedup must be a finite number > 0; got {self.min_speedup!r}.")
-        if self.tree_margin <= 0:
-            raise ValueError(f"tree_margin must be a finite number > 0; got {self.tree_margin!r}.")
+        check_knobs(self, strict_fields=("min_speedup", "tree_margin"))

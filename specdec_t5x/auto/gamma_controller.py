@@ -24,15 +24,18 @@ def _mean_variance(total: float, sq_total: float, n: int) -> tuple[float, float]
     return mean, max(sq_total / n - mean * mean, 0.0) * n / (n - 1)
 
 
-def _check_call(name: str, seconds: float, longest_tokens: int) -> None:
-    if not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1:
+def check_call(name: str, seconds: float, longest_tokens: int, gamma=0, iterations=None) -> None:
+    """Raises ValueError unless seconds >= 0 (finite), longest_tokens >= 1 and, for γ >= 1,
+    iterations >= 1."""
+    bad_speculative = gamma != 0 and (iterations is None or iterations < 1)
+    if not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1 or bad_speculative:
         raise ValueError(
-            f"{name} needs seconds >= 0 and longest_tokens >= 1; got {seconds!r}, "
-            f"{longest_tokens!r}."
+            f"{name} needs seconds >= 0, longest_tokens >= 1 and for γ >= 1 iterations >= 1; "
+            f"got {seconds!r}, {longest_tokens!r}, γ = {gamma!r}, {iterations!r}."
         )
 
 
-def _running(factory):
+def running_field(factory):
     """A field of the running state: starts at `factory()`, not a constructor argument."""
     return dataclasses.field(default_factory=factory, init=False)
 
@@ -60,31 +63,31 @@ class GammaController:
     curve: cost_curve.CostCurve
     prior_alpha: float | None = None
     config: GammaConfig = GammaConfig()
-    beta_sum: float = _running(float)  # α: Σ β and its count over all speculative calls
-    num_beta: int = _running(int)
-    beta_calls: int = _running(int)  # speculative calls whose β entered α (n)
-    call_alpha_sum: float = _running(float)  # s_α: Σ and Σ² of the per-call α, and the calls
-    call_alpha_sq_sum: float = _running(float)
-    alpha_calls: int = _running(int)
-    explore_calls: int = _running(int)  # speculative calls chosen by exploring so far
-    exploring: bool = _running(bool)  # whether the last `choose` explored
-    speedup_terms: dict = _running(dict)  # {γ: [calls, Σ base ms, Σ r, Σ r²]}, r: base / wall
-    timed_calls: dict = _running(dict)  # {γ: timed calls} (0: baseline), calibration included
-    measured_ms: dict = _running(dict)  # {'baseline' | 'speculative' | γ: Σ wall, Σ model ms}
-    modelled_ms: dict = _running(dict)
-    calibration_ms: dict = _running(dict)  # {'speculative' | γ: (Σ, Σ)} timed before the run
-    longest_tokens: float = _running(float)  # L: Σ longest-row tokens, calls, {tokens: calls}
-    calls: int = _running(int)
-    length_calls: dict = _running(dict)
-    counted_iterations: float = _running(float)  # η: Σ counted, Σ expected, {γ: (Σ, Σ)}
-    expected_iterations: float = _running(float)
-    iterations_by_gamma: dict = _running(dict)
-    calls_since_baseline: int = _running(int)
-    calls_since_speculative: int = _running(int)
-    baseline_ratio_sum: float = _running(float)  # s_b: Σ and Σ² of measured / modelled
-    baseline_ratio_sq_sum: float = _running(float)
-    history: list = _running(list)
-    last_choice: dict = _running(dict)  # the last `choose`: {'reason', 'alpha', 'predicted'}
+    beta_sum: float = running_field(float)  # α: Σ β and its count over all speculative calls
+    num_beta: int = running_field(int)
+    beta_calls: int = running_field(int)  # speculative calls whose β entered α (n)
+    call_alpha_sum: float = running_field(float)  # s_α: Σ and Σ² of the per-call α, and the calls
+    call_alpha_sq_sum: float = running_field(float)
+    alpha_calls: int = running_field(int)
+    explore_calls: int = running_field(int)  # speculative calls chosen by exploring so far
+    exploring: bool = running_field(bool)  # whether the last `choose` explored
+    speedup_terms: dict = running_field(dict)  # {γ: [calls, Σ base ms, Σ r, Σ r²]}, r: base / wall
+    timed_calls: dict = running_field(dict)  # {γ: timed calls} (0: baseline), calibration included
+    measured_ms: dict = running_field(dict)  # {'baseline' | 'speculative' | γ: Σ wall, Σ model ms}
+    modelled_ms: dict = running_field(dict)
+    calibration_ms: dict = running_field(dict)  # {'speculative' | γ: (Σ, Σ)} timed before the run
+    longest_tokens: float = running_field(float)  # L: Σ longest-row tokens, calls, {tokens: calls}
+    calls: int = running_field(int)
+    length_calls: dict = running_field(dict)
+    counted_iterations: float = running_field(float)  # η: Σ counted, Σ expected, {γ: (Σ, Σ)}
+    expected_iterations: float = running_field(float)
+    iterations_by_gamma: dict = running_field(dict)
+    calls_since_baseline: int = running_field(int)
+    calls_since_speculative: int = running_field(int)
+    baseline_ratio_sum: float = running_field(float)  # s_b: Σ and Σ² of measured / modelled
+    baseline_ratio_sq_sum: float = running_field(float)
+    history: list = running_field(list)
+    last_choice: dict = running_field(dict)  # the last `choose`: {'reason', 'alpha', 'predicted'}
 
     @property
     def alpha(self) -> float | None:
@@ -301,9 +304,7 @@ class GammaController:
           ValueError: negative or non-finite seconds, longest_tokens < 1, or γ > 0 without
             iterations >= 1.
         """
-        _check_call("observe", seconds, longest_tokens)
-        if gamma > 0 and (iterations is None or iterations < 1):
-            raise ValueError(f"observe of γ = {gamma} needs iterations >= 1; got {iterations!r}.")
+        check_call("observe", seconds, longest_tokens, gamma, iterations)
         if gamma == 0:
             self.time_baseline(seconds, longest_tokens)  # ρ_b, its spread, the timed calls
         else:
@@ -319,7 +320,7 @@ class GammaController:
         Raises:
           ValueError: negative or non-finite seconds or longest_tokens < 1.
         """
-        _check_call("observe_unmodelled", seconds, longest_tokens)
+        check_call("observe_unmodelled", seconds, longest_tokens)
         self._count_call(label, seconds, longest_tokens, iterations, False, False)
 
     def _count_call(
@@ -372,7 +373,7 @@ class GammaController:
         """Records a timed baseline call made before the run (the calibration's): it counts
         toward ρ_b, its spread and the timed calls, not L, the history or the re-timing counters.
         Raises ValueError as `observe`."""
-        _check_call("time_baseline", seconds, longest_tokens)
+        check_call("time_baseline", seconds, longest_tokens)
         modelled = self.curve.baseline_call_ms(longest_tokens)
         self.measured_ms["baseline"] = self.measured_ms.get("baseline", 0.0) + 1e3 * float(seconds)
         self.modelled_ms["baseline"] = self.modelled_ms.get("baseline", 0.0) + modelled
@@ -389,13 +390,9 @@ class GammaController:
         toward ρ_s (pooled and γ's) and γ's timed calls, as `time_baseline`'s toward ρ_b, so both
         start from calls of the same moment; not α, η, L, the history or `measured_speedup`.
         Raises ValueError as `observe`."""
-        bad_call = not np.isfinite(seconds) or seconds < 0 or longest_tokens < 1
-        if gamma < 1 or bad_call or iterations is None or iterations < 1:
-            raise ValueError(
-                "time_speculative needs γ >= 1, seconds >= 0, longest_tokens >= 1 and "
-                f"iterations >= 1; got {gamma!r}, {seconds!r}, {longest_tokens!r}, "
-                f"{iterations!r}."
-            )
+        check_call("time_speculative", seconds, longest_tokens, gamma or 1, iterations)
+        if gamma < 1:
+            raise ValueError(f"time_speculative needs γ >= 1; got {gamma!r}.")
         modelled = self.curve.speculative_call_ms(gamma, iterations)
         for key in ("speculative", gamma):
             measured, model = self.calibration_ms.get(key, (0.0, 0.0))

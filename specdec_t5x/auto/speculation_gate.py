@@ -23,9 +23,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import numbers
 import statistics
 from collections.abc import Callable
+
+from specdec_t5x.auto.gamma_config import check_knobs, knob
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,24 +41,16 @@ class GateConfig:
       ValueError: a knob out of its range.
     """
 
-    explore_every: int = 4
-    evidence_calls: int = 2
-    margin: float = 1.02
-    window: int = 4
-    baseline_calls: int = 3
-    refresh_every: int = 16
-    max_backoff: int = 8
+    explore_every: int = knob(4, 2, integer=True)
+    evidence_calls: int = knob(2, 1, integer=True)
+    margin: float = knob(1.02, strict=True)
+    window: int = knob(4, 1, integer=True)
+    baseline_calls: int = knob(3, 1, integer=True)
+    refresh_every: int = knob(16, 2, integer=True)
+    max_backoff: int = knob(8, 1, integer=True)
 
     def __post_init__(self):
-        lows = dict(explore_every=2, evidence_calls=1, window=1, baseline_calls=1,
-                    refresh_every=2, max_backoff=1)  # fmt: skip
-        for name, low in lows.items():
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"GateConfig.{name} must be an int >= {low}; got {value!r}.")
-        ok = isinstance(self.margin, numbers.Real) and math.isfinite(self.margin)
-        if not ok or self.margin <= 0:
-            raise ValueError(f"GateConfig.margin must be a finite number > 0; got {self.margin!r}.")
+        check_knobs(self)
 
     @property
     def bound_calls(self) -> int:

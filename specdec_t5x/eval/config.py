@@ -141,16 +141,13 @@ class MeasureConfig:
       seed: sampling seed (example batch i uses `fold_in(PRNGKey(seed), i)` for every decoder);
         also seeds the interleaved call order.
       cost_repeats: repeats of the step-cost measurement (and of auto's cost curve).
-      loop_costs: True, with `diagnostics`: c and verify/step as the run's own decode calls pay
-        them (`timing.loops.run_costs`: per batch, beside the timed calls, the baseline and the
-        speculative call stopped after 2 tokens and the speculative call with a zero-cost draft,
-        4 extra compiles). Otherwise: from the step timer's one probe
+      loop_costs: True, with `diagnostics`: c and verify/step as the real decode loops pay them
+        (`timing.loops.loop_costs` on the first batches' caches, after the timed calls).
+        Otherwise: from the step timer's one probe
         (`timing.step_timer.step_costs`, one compile), which prices the verify call and the draft
         below what the decode loops pay.
-      diagnostics: True: also measure where the time goes (`eval.diagnostics`: set-up,
-        zero-cost loops, in-loop costs, about 8 extra small compiles) into
-        `metrics['diagnostics']`, and the run's own cost calls (`loop_costs`); fixed-γ headlines
-        only. False (default) skips them: the job then compiles the rows and one cost probe.
+      diagnostics: True: c and verify/step from the decode loops (with `loop_costs`). False
+        (default): the job compiles the rows and one cost probe only.
     """
 
     seed: int = 0

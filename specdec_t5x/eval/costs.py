@@ -17,7 +17,7 @@ DRAFT_FLOOR_MS = 1e-5
 
 def degenerate(costs: Mapping[str, Any], gamma: int) -> list[str]:
     """Why a cost measurement is not a cost (empty: sound), for every cost path: `costs` is
-    `loops.run_costs`'s, `loops.loop_costs`'s or `step_timer.step_costs`'s dict at γ = `gamma`.
+    `loops.loop_costs`'s or `step_timer.step_costs`'s dict at γ = `gamma` (or a recorded run's).
 
     Flags a target step <= 1e-3 ms; a draft step no reading resolves (alone <= `DRAFT_FLOOR_MS`
     and c <= 0); a verify call (before any cap) dearer than its iteration by more than

@@ -12,8 +12,8 @@ factory `eval.lineup.build`): the baseline(s), one chain per fixed γ, one row p
 auto γ's row (`specdec_t5x.auto.row`).
 
 The costs phase prices c and verify/step with the step timer alone (one cheap probe: a few small
-compiles of single decoder steps); the run's own extra calls (`cost_probe.RunCostCalls`, 4 more decode
-loops) and the loops' own work run only with `MeasureConfig.diagnostics` (and `loop_costs`).
+compiles of single decoder steps); the real decode loops (`timing.loops.loop_costs`) run only with
+`MeasureConfig.diagnostics` (and `loop_costs`).
 
 Timing rules (so ratios mean something):
 * every jitted function is compiled and run once on the evaluation shapes before timing;
@@ -44,7 +44,7 @@ import jax
 import numpy as np
 import tqdm
 
-from specdec_t5x import cpu_kernel, models, multihost, provenance, steps
+from specdec_t5x import cpu_kernel, models, multihost, provenance
 from specdec_t5x import inputs as inputs_lib
 from specdec_t5x import sampling as sampling_lib
 from specdec_t5x.eval import checks, config, lineup, outputs, progress, summary, tables
@@ -152,26 +152,23 @@ def evaluate(
             for row in rows:  # a short run starts auto γ without calibration rounds
                 if row.key == "auto":
                     row.decoder.expected_calls = len(batches)
-            cost_calls = lineup.cost_calls(spec_model, rows, settings, costs_gamma, measure)
-        params = (target_params, draft_params)
         interrupts = outputs.Interrupts()
         with interrupts.watch():
             rng0 = jax.random.PRNGKey(measure.seed)
             first = batches[0][1]
             with phase(f"compile and warm up {len(rows)} rows", phases, "compile"):
-                _compile(rows, cost_calls, params, first, rng0, interrupts)
+                _compile(rows, first, rng0, interrupts)
             load_samples = [os.getloadavg()[0]]  # other work skews timings: start and end
             with phase(
                 f"decode {len(examples)} examples in {len(batches)} batches", phases, "decode"
             ):
                 desc = f"{data.task} T={sampling_settings.temperature}"
                 runs, choices, compiles = _decode_all(
-                    rows, cost_calls, params, batches, examples, headline_key, costs_gamma,
-                    measure.seed, out, interrupts, (vocabulary, eos_id), desc,
+                    rows, batches, examples, headline_key, measure.seed, out, interrupts, (vocabulary, eos_id), desc,
                 )  # fmt: skip
             interrupts.check()
             with phase("costs: c and verify/step", phases, "costs"):
-                run_costs, work = lineup.measure_costs(
+                step_costs = lineup.measure_costs(
                     spec_model,
                     target_params,
                     draft_params,
@@ -179,7 +176,7 @@ def evaluate(
                     data.target_len,
                     costs_gamma,
                     settings,
-                    cost_calls,
+                    measure.loop_costs and measure.diagnostics,
                     measure.cost_repeats,
                     baseline_sampler=baseline_sampler,
                 )
@@ -199,7 +196,7 @@ def evaluate(
                     runs,
                     gammas,
                     gammas[0] if gamma == "auto" else gamma,
-                    run_costs,
+                    step_costs,
                     examples,
                     seqio_task,
                     vocabulary,
@@ -216,18 +213,6 @@ def evaluate(
                 )
                 for row in rows:
                     row.report(flat, runs, context)
-            if measure.diagnostics and gamma != "auto":
-                with phase(
-                    "report: diagnostics (where the time goes)", phases, "report_diagnostics"
-                ):
-                    budget = lineup.time_budget(
-                        spec_model, target_params, draft_params, first, flat, runs,
-                        rows_per_call, gamma=gamma, settings=settings,
-                        repeats=measure.cost_repeats, loop=work,
-                        sources=[b["encoder_input_tokens"] for _, b in batches],
-                    )  # fmt: skip
-                    flat["diagnostics"] = {"time_budget": budget}
-                    flat["predicted_speedup_measured_costs"] = budget["predicted_speedup"]
             with phase("report: exactness checks", phases, "report_exactness"):
                 flat.update(
                     _exactness(
@@ -330,21 +315,16 @@ def _exactness(
     return out
 
 
-def _compile(rows, cost_calls, params, first, rng0, interrupts) -> None:
+def _compile(rows, first, rng0, interrupts) -> None:
     """Compiles and runs once every row on the evaluation shapes (excluded from timing); with
     encoder length buckets once per bucket. Auto γ measures its cost curve here."""
     for row in rows:
         row.compile(first, rng0)
         interrupts.check()
-    if cost_calls is not None:
-        for enc in steps.warmup_sources(params[0], first["encoder_input_tokens"]):
-            cost_calls.warm_up(*params, {**first, "encoder_input_tokens": enc}, rng0)
-    interrupts.check()
 
 
 def _decode_all(
-    rows, cost_calls, params, batches, examples, headline_key, costs_gamma, seed, out,
-    interrupts, texts, desc,
+    rows, batches, examples, headline_key, seed, out, interrupts, texts, desc,
 ):  # fmt: skip
     """The timed loop: every batch decoded by every row, interleaved, in a seeded random order.
 
@@ -358,7 +338,7 @@ def _decode_all(
     """
     by_key = {row.key: row for row in rows}
     runs = {row.key: summary.Run() for row in rows}
-    names = [*by_key, *([] if cost_calls is None else cost_calls.fns)]  # beside them
+    names = list(by_key)
     choices = []  # auto row: (γ chosen, its predicted speedup) per example
     compiles = rows_lib.CompileCounter()
     jax.monitoring.register_event_duration_secs_listener(compiles)
@@ -373,16 +353,11 @@ def _decode_all(
         rng = jax.random.fold_in(rng0, i)
         record = out.restored.get(i)
         if record is None:
-            results, entries, chose = {}, [], None
+            results, chose = {}, None
             for name in lineup.call_order(names, i, seed):  # seeded random order per batch
                 interrupts.check()
-                if name not in by_key:
-                    entries.append(cost_calls.time(name, *params, batch, rng, compiles))
-                    continue
                 tokens, seconds, stats, choice = _decode_one(by_key[name], batch, rng, compiles)
                 chose = chose if choice is None else choice
-                if cost_calls is not None and name in ("baseline", costs_gamma):
-                    entries.append(cost_calls.record(name, seconds, tokens, stats))
                 results[name] = (seconds, tokens[:n], stats)
             batch_choices = [] if chose is None else [tuple(chose)] * n
         else:
@@ -394,10 +369,6 @@ def _decode_all(
                 )
                 for key, entry in ((key, record["runs"][str(key)]) for key in runs)
             }
-            entries = record["costs"]
-            if cost_calls is not None:  # restored: its timings count as they were measured
-                for call, length, seconds, units in entries:
-                    cost_calls.add(call, length, seconds, units)
             batch_choices = [tuple(c) for c in record.get("choices", [])]
         choices += batch_choices
         per_row = {}
@@ -415,7 +386,7 @@ def _decode_all(
                 lines = _predictions(
                     results, per_row, headline_key, examples[starts[i] :], n, texts
                 )
-            out.append_batch(_record(i, results, entries, batch_choices), lines)
+            out.append_batch(_record(i, results, batch_choices), lines)
         if done % report_every == 0 or done == len(local) or time.perf_counter() >= next_log:
             next_log = time.perf_counter() + progress.HEARTBEAT_S
             progress.log_progress(
@@ -437,7 +408,7 @@ def _decode_one(row, batch, rng, compiles):
     return tokens, seconds, stats, row.observe(seconds, tokens, stats)
 
 
-def _record(i, results, entries, choices) -> dict[str, Any]:
+def _record(i, results, choices) -> dict[str, Any]:
     """A finished batch as its `records.jsonl` line (what `resume` restores)."""
     record = {
         "batch": i,
@@ -449,7 +420,6 @@ def _record(i, results, entries, choices) -> dict[str, Any]:
             }
             for key, (seconds, tokens, stats) in results.items()
         },
-        "costs": entries,
     }
     if choices:
         record["choices"] = [list(c) for c in choices]

@@ -3,26 +3,20 @@ auto γ and to the timing code).
 
 `build` returns the baseline(s), one chain per fixed γ, one row per token tree and, with 'auto'
 among the γs, auto γ's row (`specdec_t5x.auto.row.AutoRow`), in the job's call-order keys.
-`cost_calls`, `measure_costs` and `time_budget` are the instruments: the run's extra cost calls
-(diagnostics only), c and verify/step (`eval.cost_probe`), and where the time goes
-(`eval.diagnostics`).
+`measure_costs` is the instrument: c and verify/step (`eval.cost_probe`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from specdec_t5x.auto import row as auto_row
-from specdec_t5x.eval import cost_probe, diagnostics
+from specdec_t5x.eval import cost_probe
 from specdec_t5x.eval import rows as rows_lib
 from specdec_t5x.sampling import SamplingSettings
 from specdec_t5x.speculation import Speculation
 from specdec_t5x.timing import clock
 
 call_order = clock.call_order  # the rows' seeded random order per batch
-measure_costs = cost_probe.measure  # c and verify/step: the step timer's one probe (+ the calls)
-time_budget = diagnostics.eval_time_budget  # where the time goes (DIAGNOSTICS)
+measure_costs = cost_probe.measure  # c and verify/step: the step timer's one probe (+ the loops)
 
 
 def build(spec_model, target_params, draft_params, sampling_settings: SamplingSettings,
@@ -59,11 +53,3 @@ def build(spec_model, target_params, draft_params, sampling_settings: SamplingSe
             )
         )
     return out
-
-
-def cost_calls(spec_model, rows, settings: Mapping[str, Any], gamma: int, measure):
-    """The run's own extra cost calls beside the timed ones (`cost_probe.RunCostCalls`: 4 more
-    decode loops to compile), with the diagnostics and `loop_costs` only; else None."""
-    if not (measure.loop_costs and measure.diagnostics):
-        return None
-    return cost_probe.RunCostCalls(spec_model, rows[0].model, settings, gamma)

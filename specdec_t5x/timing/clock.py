@@ -130,17 +130,6 @@ def iterations(target_step, draft_step, gamma: int) -> Callable[..., Any]:
     return run
 
 
-def one_token_logits(block_step) -> decoding.TokensToLogits:
-    """A `steps.BlockStep` as T5X's `tokens_to_logits(DecodingState) -> (float32 [B, vocab],
-    cache)` (the timers' copy of `models.one_token_logits_fn`: they stay below the models)."""
-
-    def tokens_to_logits(state: decoding.DecodingState):
-        logits, cache = block_step(state.cur_token, state.cur_index, state.cache)
-        return logits[:, 0], cache  # [B, 1, V] -> [B, V]
-
-    return tokens_to_logits
-
-
 def constant_step(vocab: int, eos_id: int):
     """A zero-cost `steps.BlockStep`: the same logits row at every position (EOS never wins)."""
     row = jax.random.normal(jax.random.PRNGKey(0), (vocab,)) * 3.0
@@ -169,7 +158,7 @@ def zero_cost_decode(sampler, gamma: int = 1, *, batch: int, vocab: int, max_dec
     cache = jnp.zeros((), jnp.float32)
     common = dict(max_decode_steps=max_decode_steps, **settings)
     if sampler is None:
-        one_token = one_token_logits(step)
+        one_token = decoding.one_token_logits(step)
         fn = lambda r: decoding.temperature_sample(
             inputs, cache, one_token, eos_id, r, sampler=baseline_sampler, **common
         )

@@ -1,13 +1,9 @@
 """c and verify/step as the decode loops pay them (paper §3.4, Theorem 3.8's costs).
 
-* `run_costs`: from the run's own calls, each beside the same call stopped after 2 tokens (the
-  eval job's with the diagnostics);
-* `loop_costs`: the real decode loops timed on the first batches' caches (auto γ's cost curve,
-  and the diagnostics' fallback when the outputs are too short for `run_costs`).
-
-Both take the loops' own work (`overheads.measure_loop_ms`) off, and cap the verify call at its
-iteration's cost: the zero-cost-draft loop, a program of its own, read up to 0.19 ms more per
-iteration than the real loop (experiments/loop_costs_stability).
+`loop_costs` times the real decode loops on the first batches' caches (auto γ's cost curve, and
+the eval job's with the diagnostics), takes the loops' own work (`overheads.measure_loop_ms`) off,
+and caps the verify call at its iteration's cost: the zero-cost-draft loop, a program of its own,
+can read more per iteration than the real loop.
 """
 
 from __future__ import annotations
@@ -18,9 +14,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from specdec_t5x import decoding, drafts, speculative, steps
+from specdec_t5x import decoding, speculative, steps
 from specdec_t5x.timing import clock, overheads, step_timer
 
 Array = jax.Array
@@ -87,7 +82,7 @@ def loop_costs(spec_model, target_params, draft_params,
 
     def baseline_loop(eos):
         def run(tp, e, tc, n):
-            step = clock.one_token_logits(steps.make_block_step(module, tp, e))
+            step = decoding.one_token_logits(steps.make_block_step(module, tp, e))
             out = decoding.temperature_sample(
                 inputs, tc, step, eos, rng, max_decode_steps=n, sampler=baseline_sampler, **settings
             )[0].reshape(batch, -1)
@@ -211,151 +206,10 @@ def loop_costs(spec_model, target_params, draft_params,
         "timing_eos_id": timing_eos,
         "repeats": repeats,
     }
-    return _beside_timer(out, timer_costs, gamma)
-
-
-def _beside_timer(out: dict[str, Any], timer_costs, gamma: int) -> dict[str, Any]:
-    """`out` with the step timer's dict and, from its lone draft step, 'c_alone' and
-    'interference_ms' (the iteration's drafting beyond γ lone draft steps, ms)."""
-    if timer_costs is not None:
+    if timer_costs is not None:  # the lone draft step: the iteration's drafting beyond it
         out["step_timer"] = dict(timer_costs)
         if "draft_step_ms" in timer_costs:
             lone = timer_costs["draft_step_ms"]
             out["c_alone"] = lone / out["target_step_ms"]
             out["interference_ms"] = gamma * out["draft_step_ms"] - gamma * lone
     return out
-
-
-class ZeroCostDraft(drafts.Draft):
-    """A draft that costs nothing (`clock.constant_step`, EOS never proposed): the speculative
-    loop's iterations with it cost the verify call plus the loop's own work."""
-
-    def __init__(self, vocab_size: int, eos_id: int):
-        self.params = {}
-        self._step = clock.constant_step(vocab_size, eos_id)
-
-    def init_cache(self, params, encoder_input_tokens, max_decode_len, encoded=None):
-        return {"unused": jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32)}
-
-    def make_step(self, params, encoder_input_tokens):
-        return self._step
-
-
-# The calls `run_costs` prices, each timed on every batch of the run at two lengths.
-RUN_COST_CALLS = ("baseline", "speculative", "verify_only")
-
-
-def run_costs(seconds: Mapping[tuple[str, str], Sequence[float]],
-              units: Mapping[tuple[str, str], Sequence[int]], gamma: int,
-              loop_work_ms: Mapping[str, float],
-              timer_costs: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Theorem 3.8's step costs from the run's own decode calls: T(1), the verify call and c.
-
-    Per batch the eval job times each of `RUN_COST_CALLS` (the baseline; the speculative call at
-    γ; the speculative call with `ZeroCostDraft`: the verify call) in full ('full') and stopped
-    after 2 tokens ('short'). Full minus short over the run, per extra unit and less the loop's
-    own work, prices a unit (set-up and fixed costs cancel), at the run's own time.
-
-    Args:
-      seconds: {(call, 'full' | 'short'): float [batches] wall seconds} for each call.
-      units: the same keys: int [batches] tokens (baseline: the longest row's, EOS counted) or
-        iterations (speculative: the most of any row).
-      gamma: γ of the speculative calls (>= 1).
-      loop_work_ms: `overheads.measure_loop_ms`'s dict.
-      timer_costs: `step_timer.step_costs`'s dict, for 'c_alone' and 'interference_ms' (None:
-        left out).
-
-    Returns:
-      `loop_costs`' keys (but 'decode_steps', 'sources', 'timing_eos_id', 'repeats'), with
-      'units' {call: [short, full] summed over batches}, plus 'batches', 'calls' {'call/length':
-      {'seconds': float [batches], 'units': int [batches]}}, 'interval' {'c',
-      'verify_cost_ratio', 'iteration_ratio': [5th, 95th percentile] of a bootstrap over
-      batches} and 'source': 'run'.
-
-    Raises:
-      ValueError: gamma < 1, a missing key, lists of different lengths or empty, or a call whose
-        full runs added no unit over its short runs.
-    """
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma must be an int >= 1; got {gamma!r}.")
-    keys = [(call, length) for call in RUN_COST_CALLS for length in ("short", "full")]
-    missing = [k for k in keys if k not in seconds or k not in units]
-    if missing:
-        raise ValueError(f"run_costs needs seconds and units for {keys}; missing {missing}.")
-    sizes = {len(seconds[k]) for k in keys} | {len(units[k]) for k in keys}
-    if len(sizes) != 1 or 0 in sizes:
-        raise ValueError(
-            f"run_costs needs one non-empty value per batch for each key; got {sizes}."
-        )
-    n = sizes.pop()
-    sec = {k: np.asarray(seconds[k], np.float64) for k in keys}
-    cnt = {k: np.asarray(units[k], np.float64) for k in keys}
-    for call in RUN_COST_CALLS:
-        extra = cnt[(call, "full")].sum() - cnt[(call, "short")].sum()
-        if extra < 1:
-            raise ValueError(
-                f"run_costs: the {call} calls ran {extra:g} units beyond their short calls over "
-                f"{n} batches (outputs too short to price a step)."
-            )
-    work = {
-        "baseline": loop_work_ms["baseline_per_token_ms"],
-        "speculative": loop_work_ms["speculative_per_iteration_ms"],
-        "verify_only": loop_work_ms["speculative_per_iteration_ms"],
-    }
-
-    def per_unit(rows):  # ms per extra unit over the given batches, loop work taken off
-        out = {}
-        for call in RUN_COST_CALLS:
-            ms = 1e3 * (sec[(call, "full")][rows] - sec[(call, "short")][rows]).sum()
-            extra = (cnt[(call, "full")][rows] - cnt[(call, "short")][rows]).sum()
-            out[call] = ms / max(extra, 1.0)
-        return out
-
-    def costs(slopes):
-        floor = clock.FLOOR_MS
-        t1 = max(slopes["baseline"] - work["baseline"], floor)
-        iteration = max(slopes["speculative"] - work["speculative"], floor)
-        verify = max(slopes["verify_only"] - work["verify_only"], floor)
-        return t1, iteration, min(verify, iteration), verify
-
-    everything = np.arange(n)
-    slopes = per_unit(everything)
-    t1, iteration, verify, verify_only = costs(slopes)
-    rng = np.random.default_rng(0)
-    draws = []
-    for _ in range(200):
-        b_t1, b_it, b_v, _ = costs(per_unit(rng.integers(0, n, n)))
-        draws.append(((b_it - b_v) / (gamma * b_t1), b_v / b_t1, b_it / b_t1))
-    lo, hi = np.percentile(np.asarray(draws), [5, 95], axis=0)
-    out: dict[str, Any] = {
-        "target_step_ms": t1,
-        "verify_step_ms": verify,
-        "iteration_ms": iteration,
-        "draft_step_ms": (iteration - verify) / gamma,
-        "c": (iteration - verify) / (gamma * t1),
-        "verify_cost_ratio": verify / t1,
-        "verify_only_ms": verify_only,
-        "verify_capped": bool(verify_only > iteration),
-        "loop_work_ms": {"per_token": work["baseline"], "per_iteration": work["speculative"]},
-        "slopes_ms": slopes,
-        "units": {
-            call: [int(cnt[(call, "short")].sum()), int(cnt[(call, "full")].sum())]
-            for call in RUN_COST_CALLS
-        },
-        "batches": n,
-        # The raw timings, per batch in the run's order: {"call/length": {"seconds": [...],
-        # "units": [...]}} (s; tokens or iterations), for re-analysis without a re-run.
-        "calls": {
-            f"{call}/{length}": {
-                "seconds": [float(v) for v in sec[(call, length)]],
-                "units": [int(v) for v in cnt[(call, length)]],
-            }
-            for call, length in keys
-        },
-        "interval": {
-            name: [float(lo[i]), float(hi[i])]
-            for i, name in enumerate(("c", "verify_cost_ratio", "iteration_ratio"))
-        },
-        "source": "run",
-    }
-    return _beside_timer(out, timer_costs, gamma)

@@ -5,7 +5,7 @@ loops' own work (sampling, acceptance, bookkeeping), timed with zero-cost models
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -18,60 +18,32 @@ Array = jax.Array
 
 
 def measure_setup_ms(spec_model, target_params, draft_params, encoder_input_tokens: Array,
-                     max_decode_len: int, repeats: int = 20,
-                     sources: Sequence[Array] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Medians (ms) of the target's and the draft's encoder pass + cache set-up, one call each.
-
-    The set-up runs at the sources' length bucket (`steps.bucketed`): with `sources` (every
-    call's int32 [batch, enc_len] inputs) one call per bucket is timed, weighted by its calls.
+                     max_decode_len: int, repeats: int = 20) -> dict[str, float]:  # fmt: skip
+    """Medians (ms) of the target's and the draft's encoder pass + cache set-up, one call each
+    (whole batch), at the input's length bucket (`steps.bucketed`).
 
     Args:
       spec_model: `models.SpeculativeEncoderDecoderModel` (a draft sharing the target's encoder
         is timed from the target's encoder output); target_params, draft_params: as timed.
-      encoder_input_tokens: int32 [batch, enc_len] (timed when `sources` is None).
-      max_decode_len: cache length; repeats: `clock.time_interleaved` rounds.
+      encoder_input_tokens: int32 [batch, enc_len]; max_decode_len: cache length; repeats:
+        `clock.time_interleaved` rounds.
 
     Returns:
-      {'target_setup_ms', 'draft_setup_ms'} per call (whole batch), and 'by_length':
-      {encoder length: {'target_setup_ms', 'draft_setup_ms', 'calls'}}.
-
-    Raises:
-      ValueError: `sources` given and empty.
+      {'target_setup_ms', 'draft_setup_ms'}.
     """
-    sources = [encoder_input_tokens] if sources is None else list(sources)
-    if not sources:
-        raise ValueError("sources must hold at least one int32 [batch, enc_len] input.")
-    by_length: dict[int, list[Array]] = {}
-    for enc in sources:
-        by_length.setdefault(steps.setup_length(target_params, enc), []).append(enc)
+    enc = jnp.asarray(encoder_input_tokens)
     target = jax.jit(lambda tp, e: spec_model.decoder_state(tp, e, max_decode_len)[0])
-    shares = getattr(spec_model.draft, "shares_target_encoder", False)
-    if shares:
+    calls = {"target": lambda: target(target_params, enc)}
+    if getattr(spec_model.draft, "shares_target_encoder", False):
         # The draft's set-up is its cache from the target's encoder output (computed anyway).
-        encode = jax.jit(lambda tp, e: steps.encode(spec_model.module, tp, e))
+        x = jax.jit(lambda tp, e: steps.encode(spec_model.module, tp, e))(target_params, enc)
         draft = jax.jit(lambda dp, e, x: spec_model.draft.prepare(dp, e, max_decode_len, x)[0])
+        calls["draft"] = lambda: draft(draft_params, enc, x)
     else:
         draft = jax.jit(lambda dp, e: spec_model.draft.prepare(dp, e, max_decode_len)[0])
-    calls = {}
-    for length, encs in by_length.items():
-        enc = jnp.asarray(encs[0])
-        calls[("target", length)] = lambda e=enc: target(target_params, e)
-        if shares:
-            x = encode(target_params, enc)
-            calls[("draft", length)] = lambda e=enc, x=x: draft(draft_params, e, x)
-        else:
-            calls[("draft", length)] = lambda e=enc: draft(draft_params, e)
+        calls["draft"] = lambda: draft(draft_params, enc)
     samples = clock.time_interleaved(calls, repeats)
-    out: dict[str, Any] = {"by_length": {}}
-    for k in ("target", "draft"):
-        total = 0.0
-        for length, encs in by_length.items():
-            ms = statistics.median(samples[(k, length)])
-            row = out["by_length"].setdefault(length, {"calls": len(encs)})
-            row[f"{k}_setup_ms"] = ms
-            total += ms * len(encs)
-        out[f"{k}_setup_ms"] = total / len(sources)
-    return out
+    return {f"{k}_setup_ms": statistics.median(v) for k, v in samples.items()}
 
 
 def measure_loop_ms(batch: int, vocab: int, max_decode_len: int, gamma: int,
