@@ -69,7 +69,7 @@ def test_time_decoder_steps_slopes_paired_by_round(monkeypatch):
     fixed = {"target": 0.7, "draft": 0.5, "verify": 0.9, "iteration": 1.3}
     steps = {"short": 8, "long": 8 * clock.LONG_LOOP}
 
-    def fake_interleaved(calls, repeats, warmup=3, shuffle=False):
+    def fake_interleaved(calls, repeats, warmup=3, shuffle=False, budget_s=None):
         assert set(calls) == {(k, n) for k in per_step for n in steps} and shuffle
         return {(k, n): [fixed[k] + steps[n] * v for v in per_step[k]] for k, n in calls}
 

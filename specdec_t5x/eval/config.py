@@ -141,6 +141,8 @@ class MeasureConfig:
       seed: sampling seed (example batch i uses `fold_in(PRNGKey(seed), i)` for every decoder);
         also seeds the interleaved call order.
       cost_repeats: repeats of the step-cost measurement (and of auto's cost curve).
+      cost_seconds: seconds the step-cost measurement's timed rounds may take once it has timed
+        10 (`clock.MIN_ROUNDS`); 0: all `cost_repeats` rounds, however long.
       loop_costs: True, with `diagnostics`: c and verify/step as the real decode loops pay them
         (`timing.loops.loop_costs` on the first batches' caches, after the timed calls).
         Otherwise: from the step timer's one probe
@@ -154,10 +156,16 @@ class MeasureConfig:
     cost_repeats: int = 60
     loop_costs: bool = True
     diagnostics: bool = False
+    cost_seconds: float = 30.0
 
     def __post_init__(self):
         _check_int(self.seed, "seed", "SEED", 0)
         _check_int(self.cost_repeats, "cost_repeats", "COST_REPEATS", 2)
+        seconds = self.cost_seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise ValueError(
+                f"cost_seconds (gin: COST_SECONDS) must be a number >= 0; got {self.cost_seconds!r}."
+            )
         _check_bool(self.loop_costs, "loop_costs", "LOOP_COSTS")
         _check_bool(self.diagnostics, "diagnostics", "DIAGNOSTICS")
 

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 def measure(spec_model, target_params, draft_params,
             batches: Sequence[tuple[int, Mapping[str, Any]]], target_len: int, gamma: int,
             settings: Mapping[str, Any], in_loop: bool, repeats: int,
-            baseline_sampler: str = "t5x") -> dict[str, Any]:  # fmt: skip
+            baseline_sampler: str = "t5x", budget_s: float | None = None) -> dict[str, Any]:  # fmt: skip
     """The run's costs: `loops.loop_costs`' dict, or the step timer's.
 
     Args:
@@ -30,7 +30,8 @@ def measure(spec_model, target_params, draft_params,
       settings: {'temperature', 'topk', 'topp'}.
       in_loop: also time the real decode loops on the first 4 batches (False: the step timer's
         stand-alone loops alone).
-      repeats: timing repeats.
+      repeats: timing repeats; budget_s: seconds the step timer's rounds may take once it has
+        timed `clock.MIN_ROUNDS` (None: all `repeats`).
       baseline_sampler: the baseline's draw (`decoding.SAMPLERS`), as the run's baseline draws.
 
     Returns:
@@ -39,8 +40,9 @@ def measure(spec_model, target_params, draft_params,
     """
     first = batches[0][1]["encoder_input_tokens"]
     costs = step_timer.step_costs(
-        spec_model, target_params, draft_params, first, target_len, gamma, repeats=repeats
-    )
+        spec_model, target_params, draft_params, first, target_len, gamma, repeats=repeats,
+        budget_s=budget_s,
+    )  # fmt: skip
     sampling_keys = {k: settings[k] for k in ("temperature", "topk", "topp") if k in settings}
     if in_loop:
         sources = [b["encoder_input_tokens"] for _, b in batches]  # loop_costs: one shape

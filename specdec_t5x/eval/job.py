@@ -179,6 +179,7 @@ def evaluate(
                     measure.loop_costs and measure.diagnostics,
                     measure.cost_repeats,
                     baseline_sampler=baseline_sampler,
+                    budget_s=measure.cost_seconds or None,
                 )
             interrupts.check()
             load_samples.append(os.getloadavg()[0])

@@ -21,6 +21,8 @@ from specdec_t5x import decoding
 FLOOR_MS = 1e-6
 # The long loop's length in short loops (`step_timer.time_decoder_steps`).
 LONG_LOOP = 4
+# Rounds `time_interleaved` always times, whatever its time budget.
+MIN_ROUNDS = 10
 
 
 def call_order(names: Sequence[Hashable], index: int, seed: int = 0) -> list:
@@ -36,6 +38,7 @@ def time_interleaved(
     repeats: int,
     warmup: int = 3,
     shuffle: bool = False,
+    budget_s: float | None = None,
 ) -> dict[Hashable, list[float]]:
     """Milliseconds per call: compiled and warmed up first, then rounds in rotating order.
 
@@ -45,9 +48,11 @@ def time_interleaved(
       warmup: untimed rounds after the first (compiling) one.
       shuffle: each round in `call_order` instead of a rotation (in a rotation a call follows the
         same call in all rounds but one, which biases calls that warm the caches for the next).
+      budget_s: seconds the timed rounds may take (None: no limit); once `MIN_ROUNDS` rounds are
+        done, no round starts after it is spent.
 
     Returns:
-      key -> `repeats` wall-clock durations, ms.
+      key -> wall-clock durations, ms: `repeats` of them, or fewer when `budget_s` ran out.
     """
     names = list(calls)
 
@@ -60,7 +65,11 @@ def time_interleaved(
         for name in names:
             run(name)
     samples: dict[Hashable, list[float]] = {name: [] for name in names}
+    start = time.perf_counter()
     for r in range(repeats):
+        spent = time.perf_counter() - start
+        if budget_s is not None and r >= MIN_ROUNDS and spent > budget_s:
+            break
         order = (
             call_order(names, r) if shuffle else names[r % len(names) :] + names[: r % len(names)]
         )

@@ -34,7 +34,8 @@ def decoder_step(module: network.Transformer) -> Callable[..., Any]:
 def time_decoder_steps(target_step, target_args, target_cache, draft_step, draft_args,
                        draft_cache, *, batch: int, position: int, gamma: int, repeats: int = 30,
                        warmup: int = 3, steps_per_call: int = 8, block_sizes: Sequence[int] = (),
-                       make_caches: Callable[..., Any] | None = None) -> dict[str, Any]:  # fmt: skip
+                       make_caches: Callable[..., Any] | None = None,
+                       budget_s: float | None = None) -> dict[str, Any]:  # fmt: skip
     """c and the verify-cost ratio of two decoder steps, each timed inside loops, in one program.
 
     Each loop (the target's one-token step, the draft's step, the γ + 1-token verify call, a
@@ -51,7 +52,8 @@ def time_decoder_steps(target_step, target_args, target_cache, draft_step, draft
       target_args, draft_args: their leading arguments; target_cache, draft_cache: the caches
         (unused with `make_caches`: `(target_args, draft_args) -> caches`, traced into the probe).
       batch: rows; position: decoder position of the timed steps; gamma: γ >= 1.
-      repeats, warmup: `clock.time_interleaved`'s; steps_per_call: the short loop, >= 1.
+      repeats, warmup, budget_s: `clock.time_interleaved`'s (rounds timed: 'repeats' in the
+        result); steps_per_call: the short loop, >= 1.
       block_sizes: target block sizes k also timed (the cost curve's T(k)).
 
     Returns:
@@ -81,7 +83,7 @@ def time_decoder_steps(target_step, target_args, target_cache, draft_step, draft
         return lambda: program(target_args, draft_args, caches, tokens, pos, counts)
 
     calls = {(n, length): call(n, length) for n in names for length in lengths}
-    samples = clock.time_interleaved(calls, repeats, warmup, shuffle=True)
+    samples = clock.time_interleaved(calls, repeats, warmup, shuffle=True, budget_s=budget_s)
     span = lengths["long"] - lengths["short"]
     per_step = {
         name: [
@@ -111,6 +113,7 @@ def time_decoder_steps(target_step, target_args, target_cache, draft_step, draft
         "iteration_ms": median["iteration"],
         "fixed_call_ms": fixed,
         "steps_per_call": steps_per_call,
+        "repeats": len(samples[names[0], "long"]),
         "block_step_ms": {k: median[f"block_{k}"] for k in block_sizes},
     }
     for name in ("target", "draft", "verify"):
@@ -179,7 +182,7 @@ def caches(spec_model, target_params, draft_params, enc, max_decode_len):
 
 def step_costs(spec_model, target_params, draft_params, encoder_input_tokens: Array,
                max_decode_len: int, gamma: int, *, position: int = 8, repeats: int = 30,
-               block_sizes=()) -> dict[str, Any]:  # fmt: skip
+               block_sizes=(), budget_s: float | None = None) -> dict[str, Any]:  # fmt: skip
     """`time_decoder_steps` of a `models.SpeculativeEncoderDecoderModel` pair (parameters raw or
     packed), caches built inside the probe from `encoder_input_tokens` (int32 [batch, enc_len]),
     steps at `position` (moved down so that the largest block fits in `max_decode_len`)."""
@@ -195,5 +198,5 @@ def step_costs(spec_model, target_params, draft_params, encoder_input_tokens: Ar
         decoder_step(module), (target_params, enc), None, draft_step, (draft_params, enc), None,
         batch=enc.shape[0], position=max(0, min(position, max_decode_len - largest)),
         gamma=gamma, repeats=repeats, block_sizes=tuple(block_sizes),
-        make_caches=cache_builder(spec_model, max_decode_len),
+        make_caches=cache_builder(spec_model, max_decode_len), budget_s=budget_s,
     )  # fmt: skip
