@@ -74,32 +74,27 @@ class DecodeFnCallable(Protocol):
 
 
 class SpeculativeDecodeFnCallable(Protocol):
-    """The speculative decode-function contract (`speculative.speculative_sample`).
+    """The speculative decode-function contract, in the style of T5X's `DecodeFnCallable`: called
+    with keywords only, T5X's named, the speculative ones in `**kwargs`.
+
+    `speculative.speculative_sample` is the one here; its signature is the full list.
 
     Args:
       inputs: int32 [batch, max_decode_len] decoder prompt buffer (all zeros: no prompt).
-      target_cache / draft_cache: the caches of the two block steps.
-      target_tokens_to_logits / draft_tokens_to_logits: `steps.BlockStep`s, `(tokens int32
-        [batch, k], positions int32 [batch], cache) -> (logits float32 [batch, k, vocab], cache)`.
       eos_id: end-of-sequence id.
       decode_rng: PRNG key, or None.
-      **kwargs: gamma, temperature, topk, topp, ... (`decoder_params`, or bound by gin).
+      **kwargs: `target_cache` / `draft_cache`, the caches of the two block steps;
+        `target_tokens_to_logits` / `draft_tokens_to_logits`, the two `steps.BlockStep`s
+        (`(tokens int32 [batch, k], positions int32 [batch], cache) -> (logits float32 [batch, k,
+        vocab], cache)`); then gamma, temperature, topk, topp, ... (`decoder_params`, or bound by
+        gin).
 
     Returns:
       (decodes int32 [batch, max_decode_len], `speculative.SpeculativeStats` of [batch] arrays).
     """
 
     def __call__(
-        self,
-        inputs: Array,
-        target_cache: Any,
-        target_tokens_to_logits: steps.BlockStep,
-        draft_cache: Any,
-        draft_tokens_to_logits: steps.BlockStep,
-        eos_id: int,
-        *,
-        decode_rng: Array | None = None,
-        **kwargs: Any,
+        self, *, inputs: Array, eos_id: int, decode_rng: Array | None, **kwargs: Any
     ) -> tuple[Array, speculative.SpeculativeStats]: ...
 
 

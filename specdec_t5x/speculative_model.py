@@ -282,12 +282,12 @@ class SpeculativeEncoderDecoderModel(models.EncoderDecoderModel):
             params, draft_params, enc, inputs.shape[1] + extra_slots
         )
         decodes, stats = self.decode_fn(
-            inputs,
-            target_cache,
-            target_step,
-            draft_cache,
-            draft_step,
-            self.eos_id,
+            inputs=inputs,
+            target_cache=target_cache,
+            target_tokens_to_logits=target_step,
+            draft_cache=draft_cache,
+            draft_tokens_to_logits=draft_step,
+            eos_id=self.eos_id,
             decode_rng=rng,
             **kwargs,
         )
