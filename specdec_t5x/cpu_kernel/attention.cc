@@ -55,7 +55,7 @@ struct Head {
 };
 
 void head_portable(const Head& h) {
-  const auto& [q, qs, Q, k, v, S, D, bias, out, os, work] = h;
+  const auto [q, qs, Q, k, v, S, D, bias, out, os, work] = h;  // a copy: no aliasing with stores
   for (int64_t i = 0; i < Q; ++i) {
     float* row = work + i * S;
     const float* qi = q + i * qs;
@@ -133,7 +133,8 @@ namespace avx2 {
 struct Isa {
   SPECDEC_VECTOR_TRAITS(_mm256, __m256, __m256i, _mm256_round_ps)
   // No vscalefps: 2^n as two exact power-of-two factors (2^(n >> 1) * 2^(n - (n >> 1)), each a
-  // normal float for n in [-150, 128]), so the one rounding is scalef's and the lanes equal AVX-512's.
+  // normal float for n in [-150, 128]), so the one rounding is scalef's and the lanes equal
+  // AVX-512's.
   SPECDEC_INLINE static V scale2n(V p, V n) {
     const __m256i ni = _mm256_cvtps_epi32(n);
     const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
@@ -149,7 +150,8 @@ struct Isa {
   SPECDEC_INLINE static V load_first(Mask m, const float* p) { return _mm256_maskload_ps(p, m); }
   SPECDEC_INLINE static void store_first(float* p, Mask m, V x) { _mm256_maskstore_ps(p, m, x); }
   SPECDEC_INLINE static V max_first(V mx, Mask m, V x) {
-    return _mm256_max_ps(mx, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, _mm256_castsi256_ps(m)));
+    const __m256 off = _mm256_set1_ps(-INFINITY);
+    return _mm256_max_ps(mx, _mm256_blendv_ps(off, x, _mm256_castsi256_ps(m)));
   }
   SPECDEC_INLINE static V add_first(V s, Mask m, V x) {
     return _mm256_add_ps(s, _mm256_and_ps(x, _mm256_castsi256_ps(m)));
@@ -211,7 +213,7 @@ constexpr int kRows = NV <= 2 ? 8 : (NV <= 4 ? 6 : 3);
 
 template <int NV>
 __attribute__((target("avx512f"))) void head_avx512(const Head& h) {
-  const auto& [q, qs, Q, k, v, S, d, bias, out, os, work] = h;
+  const auto [q, qs, Q, k, v, S, d, bias, out, os, work] = h;  // a copy: no aliasing with stores
   constexpr int64_t D = 16 * NV;  // == d
   constexpr int R = kRows<NV>;
   for (int64_t i0 = 0; i0 < Q; i0 += R) {
@@ -301,7 +303,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline void pv_avx2(
 
 template <int NV>
 __attribute__((target("avx2,fma"))) void head_avx2(const Head& h) {
-  const auto& [q, qs, Q, k, v, S, d, bias, out, os, work] = h;
+  const auto [q, qs, Q, k, v, S, d, bias, out, os, work] = h;  // a copy: no aliasing with stores
   constexpr int64_t D = 8 * NV;  // == d
   for (int64_t i = 0; i < Q; ++i) {
     const float* qi = q + i * qs;
