@@ -60,6 +60,7 @@ class OptionalBuildExt(build_ext):
 CPU_KERNEL = setuptools.Extension(
     "specdec_t5x.cpu_kernel._matmul",
     sources=["specdec_t5x/cpu_kernel/matmul.cc", "specdec_t5x/cpu_kernel/attention.cc"],
+    depends=["specdec_t5x/cpu_kernel/attention_simd.h"],
     language="c++",
     # Portable baseline: the AVX-512 / AVX2 paths are per-function target attributes chosen at run
     # time (__builtin_cpu_supports), never -march=native.
@@ -74,7 +75,13 @@ setuptools.setup(
     # gin/: the shipped gin files (the repository's ./gin links to specdec_t5x/gin), so an installed
     # package serves `include 'gin/...'` to T5X's binaries (--gin_search_paths).
     package_data={
-        "specdec_t5x": ["assets/*", "assets/**/*", "cpu_kernel/*.cc", "gin/*/*.gin"]
+        "specdec_t5x": [
+            "assets/*",
+            "assets/**/*",
+            "cpu_kernel/*.cc",
+            "cpu_kernel/*.h",
+            "gin/*/*.gin",
+        ]
     },
     ext_modules=[CPU_KERNEL],
     cmdclass={"build_ext": OptionalBuildExt},

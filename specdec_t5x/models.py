@@ -74,32 +74,27 @@ class DecodeFnCallable(Protocol):
 
 
 class SpeculativeDecodeFnCallable(Protocol):
-    """The speculative decode-function contract (`speculative.speculative_sample`).
+    """The speculative decode-function contract, in the style of T5X's `DecodeFnCallable`: called
+    with keywords only, T5X's named, the speculative ones in `**kwargs`.
+
+    `speculative.speculative_sample` is the one here; its signature is the full list.
 
     Args:
       inputs: int32 [batch, max_decode_len] decoder prompt buffer (all zeros: no prompt).
-      target_cache / draft_cache: the caches of the two block steps.
-      target_tokens_to_logits / draft_tokens_to_logits: `steps.BlockStep`s, `(tokens int32
-        [batch, k], positions int32 [batch], cache) -> (logits float32 [batch, k, vocab], cache)`.
       eos_id: end-of-sequence id.
       decode_rng: PRNG key, or None.
-      **kwargs: gamma, temperature, topk, topp, ... (`decoder_params`, or bound by gin).
+      **kwargs: `target_cache` / `draft_cache`, the caches of the two block steps;
+        `target_tokens_to_logits` / `draft_tokens_to_logits`, the two `steps.BlockStep`s
+        (`(tokens int32 [batch, k], positions int32 [batch], cache) -> (logits float32 [batch, k,
+        vocab], cache)`); then gamma, temperature, topk, topp, ... (`decoder_params`, or bound by
+        gin).
 
     Returns:
       (decodes int32 [batch, max_decode_len], `speculative.SpeculativeStats` of [batch] arrays).
     """
 
     def __call__(
-        self,
-        inputs: Array,
-        target_cache: Any,
-        target_tokens_to_logits: steps.BlockStep,
-        draft_cache: Any,
-        draft_tokens_to_logits: steps.BlockStep,
-        eos_id: int,
-        *,
-        decode_rng: Array | None = None,
-        **kwargs: Any,
+        self, *, inputs: Array, eos_id: int, decode_rng: Array | None, **kwargs: Any
     ) -> tuple[Array, speculative.SpeculativeStats]: ...
 
 
@@ -411,8 +406,14 @@ class EncoderDecoderModel:
         return_all_decodes: bool = False,
         num_decodes: int = 1,
         prompt_with_targets: bool = False,
+        **model_kwargs: Any,
     ) -> tuple[Array, dict[str, Any]]:
-        """Decodes a batch with `decode_fn` (mirrors T5X's `predict_batch_with_aux`).
+        """Decodes a batch (mirrors T5X's `predict_batch_with_aux`; T5X's signature).
+
+        The T5X entry point of both models: checks the batch, lays `decoder_params` over
+        `default_decoder_params`, decodes with the model's `_decodes` (here `decode_fn` with T5X's
+        keywords; `SpeculativeEncoderDecoderModel._decodes`: the speculative decode and its
+        statistics) and keeps each example's best unless `return_all_decodes`.
 
         Args:
           params: model parameters: raw (the decoder projections are then packed for the CPU
@@ -426,16 +427,32 @@ class EncoderDecoderModel:
           return_all_decodes: return [batch, num_decodes, L] instead of the best [batch, L].
           num_decodes: samples per example.
           prompt_with_targets: use the decoder inputs (EOS zeroed) as a forced prompt.
+          **model_kwargs: keyword-only arguments of the model's `_decodes` beyond T5X's (none
+            here; `SpeculativeEncoderDecoderModel`: `draft_params`).
 
         Returns:
           (decodes int32 [batch, L] or [batch, num_decodes, L], {'scores': float32 [batch] or
-          [batch, num_decodes]}).
+          [batch, num_decodes]}) here; `SpeculativeEncoderDecoderModel._decodes` for its aux.
 
         Raises:
           ValueError: a feature missing from `batch` or not int token ids [batch, length]; bad
             sampling settings (from the decode fn).
+          TypeError: a keyword in `model_kwargs` that the model's `_decodes` does not take.
         """
         require_features(batch, "encoder_input_tokens", "decoder_input_tokens")
+        decoder_params = {**self.default_decoder_params, **dict(decoder_params or {})}
+        decodes, aux = self._decodes(
+            params, batch, rng, decoder_params, num_decodes, prompt_with_targets, **model_kwargs
+        )
+        if return_all_decodes:
+            return decodes, aux
+        return decodes[:, -1, :], {**aux, "scores": aux["scores"][:, -1]}
+
+    def _decodes(self, params, batch, rng, decoder_params, num_decodes, prompt_with_targets):
+        """Every decode of `predict_batch_with_aux` (its arguments, `decoder_params` laid over the
+        defaults): (decodes int32 [batch, num_decodes, L], {'scores': float32 [batch,
+        num_decodes]}), each example's best last.
+        """
         params = self.pack_params(params)  # once per call, outside the decode loop
         enc = batch["encoder_input_tokens"]
         inputs = decoder_prompt_inputs(batch, self.eos_id, prompt_with_targets)
@@ -443,7 +460,6 @@ class EncoderDecoderModel:
         if num_decodes > 1:
             # The cache is expanded by the decode fn; the step closure needs expanded inputs.
             block_step = steps.make_block_step(self.module, params, jnp.repeat(enc, num_decodes, 0))
-        kwargs = {**self.default_decoder_params, **dict(decoder_params or {})}
         decodes, scores = self.decode_fn(
             inputs=inputs,
             cache=cache,
@@ -452,11 +468,9 @@ class EncoderDecoderModel:
             num_decodes=num_decodes,
             decode_rng=rng,
             cache_offset=0,
-            **kwargs,
+            **decoder_params,
         )
-        if return_all_decodes:
-            return decodes, {"scores": scores}
-        return decodes[:, -1, :], {"scores": scores[:, -1]}
+        return decodes, {"scores": scores}
 
 
 def __getattr__(name: str):

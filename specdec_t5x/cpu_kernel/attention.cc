@@ -19,6 +19,8 @@
 //
 // CPU dispatch at run time (no -march=native), following the matmul's path (`force_isa` included):
 // AVX-512F (D a multiple of 16), AVX2 + FMA (D a multiple of 8), else portable C++; D <= 128.
+// The softmax and its exp are written once (attention_simd.h) over a small vector-traits struct per
+// ISA, compiled inside that ISA's `#pragma GCC target` region.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -37,10 +39,23 @@ extern "C" int SpecdecMatmulIsaCode();  // matmul.cc: 0 portable, 1 avx2+fma, 2 
 
 namespace {
 
-// One (batch, head): queries q (row stride qs), cache k / v [S, D], bias rows (stride S), out rows
-// (stride os). `work` holds Q x S floats.
-void head_portable(const float* q, int64_t qs, int64_t Q, const float* k, const float* v, int64_t S,
-                   int64_t D, const float* bias, float* out, int64_t os, float* work) {
+// One (batch, head), the operands of every head function: queries q [Q, D] (row stride qs), the
+// cache k / v [S, D], bias rows [Q, S] (stride S), out rows [Q, D] (stride os); `work` holds Q x S
+// floats.
+struct Head {
+  const float* q;
+  int64_t qs, Q;
+  const float* k;
+  const float* v;
+  int64_t S, D;
+  const float* bias;
+  float* out;
+  int64_t os;
+  float* work;
+};
+
+void head_portable(const Head& h) {
+  const auto [q, qs, Q, k, v, S, D, bias, out, os, work] = h;  // a copy: no aliasing with stores
   for (int64_t i = 0; i < Q; ++i) {
     float* row = work + i * S;
     const float* qi = q + i * qs;
@@ -67,25 +82,96 @@ void head_portable(const float* q, int64_t qs, int64_t Q, const float* k, const 
 }
 
 #ifdef SPECDEC_X86
-// exp(x) for float32 lanes: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial for e^r, scaled by 2^n
-// (vscalefps: no exponent-field arithmetic, and underflow goes to 0 / denormals as it should).
-// Relative error ~1e-7 on [-87, 88]; large negative inputs (masked logits) give 0.
-__attribute__((target("avx512f"), always_inline)) inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
+#define SPECDEC_INLINE __attribute__((always_inline)) inline
+// The traits' members common to the ISAs, whose intrinsics differ only in their prefix P (_mm512 /
+// _mm256): vector type VT, mask type MT, and ROUND, the intrinsic rounding by an immediate mode.
+#define SPECDEC_VECTOR_TRAITS(P, VT, MT, ROUND)                                     \
+  using V = VT;                                                                     \
+  using Mask = MT;                                                                  \
+  static constexpr int kWidth = sizeof(V) / sizeof(float);                          \
+  SPECDEC_INLINE static V load(const float* p) { return P##_loadu_ps(p); }          \
+  SPECDEC_INLINE static void store(float* p, V x) { P##_storeu_ps(p, x); }          \
+  SPECDEC_INLINE static V set1(float x) { return P##_set1_ps(x); }                  \
+  SPECDEC_INLINE static V setzero() { return P##_setzero_ps(); }                    \
+  SPECDEC_INLINE static V add(V a, V b) { return P##_add_ps(a, b); }                \
+  SPECDEC_INLINE static V sub(V a, V b) { return P##_sub_ps(a, b); }                \
+  SPECDEC_INLINE static V mul(V a, V b) { return P##_mul_ps(a, b); }                \
+  SPECDEC_INLINE static V div(V a, V b) { return P##_div_ps(a, b); }                \
+  SPECDEC_INLINE static V max(V a, V b) { return P##_max_ps(a, b); }                \
+  SPECDEC_INLINE static V min(V a, V b) { return P##_min_ps(a, b); }                \
+  SPECDEC_INLINE static V fmadd(V a, V b, V c) { return P##_fmadd_ps(a, b, c); }    \
+  SPECDEC_INLINE static V fnmadd(V a, V b, V c) { return P##_fnmadd_ps(a, b, c); }  \
+  SPECDEC_INLINE static V round_nearest(V x) {                                      \
+    return ROUND(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);                 \
+  }
+
+// The vector traits of each ISA (see attention_simd.h), and that file's steps compiled for it.
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+namespace avx512 {
+struct Isa {
+  SPECDEC_VECTOR_TRAITS(_mm512, __m512, __mmask16, _mm512_roundscale_ps)
+  // vscalefps: no exponent-field arithmetic.
+  SPECDEC_INLINE static V scale2n(V p, V n) { return _mm512_scalef_ps(p, n); }
+  SPECDEC_INLINE static Mask first_lanes(int64_t count) {
+    return static_cast<Mask>((1u << count) - 1);
+  }
+  SPECDEC_INLINE static V load_first(Mask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+  SPECDEC_INLINE static void store_first(float* p, Mask m, V x) { _mm512_mask_storeu_ps(p, m, x); }
+  SPECDEC_INLINE static V max_first(V mx, Mask m, V x) { return _mm512_mask_max_ps(mx, m, mx, x); }
+  SPECDEC_INLINE static V add_first(V s, Mask m, V x) { return _mm512_mask_add_ps(s, m, s, x); }
+  SPECDEC_INLINE static float hsum(V x) { return _mm512_reduce_add_ps(x); }
+  SPECDEC_INLINE static float hmax(V x) { return _mm512_reduce_max_ps(x); }
+};
+#include "attention_simd.h"
+}  // namespace avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+struct Isa {
+  SPECDEC_VECTOR_TRAITS(_mm256, __m256, __m256i, _mm256_round_ps)
+  // No vscalefps: 2^n as two exact power-of-two factors (2^(n >> 1) * 2^(n - (n >> 1)), each a
+  // normal float for n in [-150, 128]), so the one rounding is scalef's and the lanes equal
+  // AVX-512's.
+  SPECDEC_INLINE static V scale2n(V p, V n) {
+    const __m256i ni = _mm256_cvtps_epi32(n);
+    const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  }
+  SPECDEC_INLINE static Mask first_lanes(int64_t count) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  SPECDEC_INLINE static V load_first(Mask m, const float* p) { return _mm256_maskload_ps(p, m); }
+  SPECDEC_INLINE static void store_first(float* p, Mask m, V x) { _mm256_maskstore_ps(p, m, x); }
+  SPECDEC_INLINE static V max_first(V mx, Mask m, V x) {
+    const __m256 off = _mm256_set1_ps(-INFINITY);
+    return _mm256_max_ps(mx, _mm256_blendv_ps(off, x, _mm256_castsi256_ps(m)));
+  }
+  SPECDEC_INLINE static V add_first(V s, Mask m, V x) {
+    return _mm256_add_ps(s, _mm256_and_ps(x, _mm256_castsi256_ps(m)));
+  }
+  SPECDEC_INLINE static float hsum(V a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  SPECDEC_INLINE static float hmax(V a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+};
+#include "attention_simd.h"
+}  // namespace avx2
+#pragma GCC pop_options
 
 // Sums of 16 vectors in one: lane L of the result is the sum of the lanes of a[kSumLane^-1(L)]
 // (a fixed permutation, undone by `sum16`). Four halving levels of shuffles and adds: 15 adds and 30
@@ -126,11 +212,9 @@ template <int NV>
 constexpr int kRows = NV <= 2 ? 8 : (NV <= 4 ? 6 : 3);
 
 template <int NV>
-__attribute__((target("avx512f"))) void head_avx512(const float* q, int64_t qs, int64_t Q,
-                                                    const float* k, const float* v, int64_t S,
-                                                    const float* bias, float* out, int64_t os,
-                                                    float* work) {
-  constexpr int64_t D = 16 * NV;
+__attribute__((target("avx512f"))) void head_avx512(const Head& h) {
+  const auto [q, qs, Q, k, v, S, d, bias, out, os, work] = h;  // a copy: no aliasing with stores
+  constexpr int64_t D = 16 * NV;  // == d
   constexpr int R = kRows<NV>;
   for (int64_t i0 = 0; i0 < Q; i0 += R) {
     const int rows = Q - i0 < R ? static_cast<int>(Q - i0) : R;
@@ -161,45 +245,7 @@ __attribute__((target("avx512f"))) void head_avx512(const float* q, int64_t qs, 
       }
     }
     // Bias, max, exp, sum, divide.
-    for (int i = 0; i < rows; ++i) {
-      float* row = work + (i0 + i) * S;
-      const float* brow = bias + (i0 + i) * S;
-      __m512 mx = _mm512_set1_ps(-INFINITY);
-      j = 0;
-      for (; j + 16 <= S; j += 16) {
-        const __m512 x = _mm512_add_ps(_mm512_loadu_ps(row + j), _mm512_loadu_ps(brow + j));
-        _mm512_storeu_ps(row + j, x);
-        mx = _mm512_max_ps(mx, x);
-      }
-      if (j < S) {
-        const __mmask16 m = static_cast<__mmask16>((1u << (S - j)) - 1);
-        const __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(m, row + j),
-                                       _mm512_maskz_loadu_ps(m, brow + j));
-        _mm512_mask_storeu_ps(row + j, m, x);
-        mx = _mm512_mask_max_ps(mx, m, mx, x);
-      }
-      const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-      __m512 sum = _mm512_setzero_ps();
-      for (j = 0; j + 16 <= S; j += 16) {
-        const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(row + j), mxv));
-        _mm512_storeu_ps(row + j, e);
-        sum = _mm512_add_ps(sum, e);
-      }
-      if (j < S) {
-        const __mmask16 m = static_cast<__mmask16>((1u << (S - j)) - 1);
-        const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), mxv));
-        _mm512_mask_storeu_ps(row + j, m, e);
-        sum = _mm512_mask_add_ps(sum, m, sum, e);
-      }
-      // p = e / sum, as jax.nn.softmax divides (not a multiply by the reciprocal).
-      const __m512 den = _mm512_set1_ps(_mm512_reduce_add_ps(sum));
-      for (j = 0; j + 16 <= S; j += 16)
-        _mm512_storeu_ps(row + j, _mm512_div_ps(_mm512_loadu_ps(row + j), den));
-      if (j < S) {
-        const __mmask16 m = static_cast<__mmask16>((1u << (S - j)) - 1);
-        _mm512_mask_storeu_ps(row + j, m, _mm512_div_ps(_mm512_maskz_loadu_ps(m, row + j), den));
-      }
-    }
+    for (int i = 0; i < rows; ++i) avx512::softmax_row(work + (i0 + i) * S, bias + (i0 + i) * S, S);
     // P.V: each value row loaded once, accumulated into every query row of the chunk.
     __m512 acc[R][NV];
     for (int i = 0; i < rows; ++i)
@@ -223,56 +269,11 @@ __attribute__((target("avx512f"))) void head_avx512(const float* q, int64_t qs, 
 // cache of its head from L1 (16 KiB at 64 positions of 64 floats); the accumulators stay in
 // registers.
 
-// exp512 in 8 lanes, the same operations: 2^n applied as two exact power-of-two factors
-// (2^(n >> 1) * 2^(n - (n >> 1)), each a normal float for n in [-150, 128]), so the one rounding
-// is scalef's and the lanes equal exp512's.
-__attribute__((target("avx2,fma"), always_inline)) inline __m256 exp256(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.7f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i ni = _mm256_cvtps_epi32(n);
-  const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
-  const __m256i bias = _mm256_set1_epi32(127);
-  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-}
-
 // sum8(a)[j] = sum of the lanes of a[j] (three levels of horizontal adds, then the two halves).
 __attribute__((target("avx2,fma"), always_inline)) inline __m256 sum8(const __m256* a) {
   const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
   const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-__attribute__((target("avx2,fma"), always_inline)) inline float hsum8(__m256 a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-__attribute__((target("avx2,fma"), always_inline)) inline float hmax8(__m256 a) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// Lanes [0, count) on, count in [1, 8).
-__attribute__((target("avx2,fma"), always_inline)) inline __m256i lanes8(int64_t count) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 // P.V for `RB` query rows and `CB` of the D / 8 vectors from column vector c0: each value row's
@@ -301,11 +302,9 @@ __attribute__((target("avx2,fma"), always_inline)) inline void pv_avx2(
 }
 
 template <int NV>
-__attribute__((target("avx2,fma"))) void head_avx2(const float* q, int64_t qs, int64_t Q,
-                                                  const float* k, const float* v, int64_t S,
-                                                  const float* bias, float* out, int64_t os,
-                                                  float* work) {
-  constexpr int64_t D = 8 * NV;
+__attribute__((target("avx2,fma"))) void head_avx2(const Head& h) {
+  const auto [q, qs, Q, k, v, S, d, bias, out, os, work] = h;  // a copy: no aliasing with stores
+  constexpr int64_t D = 8 * NV;  // == d
   for (int64_t i = 0; i < Q; ++i) {
     const float* qi = q + i * qs;
     float* row = work + i * S;
@@ -327,42 +326,10 @@ __attribute__((target("avx2,fma"))) void head_avx2(const float* q, int64_t qs, i
       __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qi), _mm256_loadu_ps(k + j * D));
       for (int c = 1; c < NV; ++c)
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(qi + 8 * c), _mm256_loadu_ps(k + j * D + 8 * c), acc);
-      row[j] = hsum8(acc);
+      row[j] = avx2::Isa::hsum(acc);
     }
     // Bias, max, exp, sum, divide.
-    const float* brow = bias + i * S;
-    __m256 mx = _mm256_set1_ps(-INFINITY);
-    for (j = 0; j + 8 <= S; j += 8) {
-      const __m256 x = _mm256_add_ps(_mm256_loadu_ps(row + j), _mm256_loadu_ps(brow + j));
-      _mm256_storeu_ps(row + j, x);
-      mx = _mm256_max_ps(mx, x);
-    }
-    const int64_t tail = S - j;  // 0 to 7 lanes left
-    const __m256i m = lanes8(tail);
-    if (tail > 0) {
-      const __m256 x =
-          _mm256_add_ps(_mm256_maskload_ps(row + j, m), _mm256_maskload_ps(brow + j, m));
-      _mm256_maskstore_ps(row + j, m, x);
-      mx = _mm256_max_ps(mx, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, _mm256_castsi256_ps(m)));
-    }
-    const __m256 mxv = _mm256_set1_ps(hmax8(mx));
-    __m256 sum = _mm256_setzero_ps();
-    for (j = 0; j + 8 <= S; j += 8) {
-      const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(row + j), mxv));
-      _mm256_storeu_ps(row + j, e);
-      sum = _mm256_add_ps(sum, e);
-    }
-    if (tail > 0) {
-      const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_maskload_ps(row + j, m), mxv)),
-                                     _mm256_castsi256_ps(m));
-      _mm256_maskstore_ps(row + j, m, e);
-      sum = _mm256_add_ps(sum, e);
-    }
-    // p = e / sum, as jax.nn.softmax divides (not a multiply by the reciprocal).
-    const __m256 den = _mm256_set1_ps(hsum8(sum));
-    for (j = 0; j + 8 <= S; j += 8)
-      _mm256_storeu_ps(row + j, _mm256_div_ps(_mm256_loadu_ps(row + j), den));
-    if (tail > 0) _mm256_maskstore_ps(row + j, m, _mm256_div_ps(_mm256_maskload_ps(row + j, m), den));
+    avx2::softmax_row(row, bias + i * S, S);
   }
   // P.V: blocks of query rows x column vectors whose accumulators fit in registers (8-12).
   constexpr int CB = NV >= 4 ? 4 : NV;
@@ -432,22 +399,28 @@ ffi::Error AttentionImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, f
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
         const int64_t lb = l * B + b;
-        const float* qh = qp + (lb * Q * H + h) * D;  // row i at + i * H * D
-        const float* kh = kp + (lb * H + h) * S * D;
-        const float* vh = vp + (lb * H + h) * S * D;
-        const float* bh = bp + ((l * Bb + (Bb == 1 ? 0 : b)) * Hb + (Hb == 1 ? 0 : h)) * Q * S;
-        float* oh = op + (lb * Q * H + h) * D;
+        const Head hd{qp + (lb * Q * H + h) * D,  // query row i at + i * H * D
+                      H * D,
+                      Q,
+                      kp + (lb * H + h) * S * D,
+                      vp + (lb * H + h) * S * D,
+                      S,
+                      D,
+                      bp + ((l * Bb + (Bb == 1 ? 0 : b)) * Hb + (Hb == 1 ? 0 : h)) * Q * S,
+                      op + (lb * Q * H + h) * D,
+                      H * D,
+                      work.data()};
 #ifdef SPECDEC_X86
         if (avx512) {
           switch (D / 16) {
-            case 1: head_avx512<1>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); break;
-            case 2: head_avx512<2>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); break;
-            case 3: head_avx512<3>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); break;
-            case 4: head_avx512<4>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); break;
-            case 5: head_avx512<5>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); break;
-            case 6: head_avx512<6>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); break;
-            case 7: head_avx512<7>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); break;
-            default: head_avx512<8>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); break;
+            case 1: head_avx512<1>(hd); break;
+            case 2: head_avx512<2>(hd); break;
+            case 3: head_avx512<3>(hd); break;
+            case 4: head_avx512<4>(hd); break;
+            case 5: head_avx512<5>(hd); break;
+            case 6: head_avx512<6>(hd); break;
+            case 7: head_avx512<7>(hd); break;
+            default: head_avx512<8>(hd); break;
           }
           continue;
         }
@@ -455,19 +428,19 @@ ffi::Error AttentionImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, f
           switch (D / 8) {
 #define SPECDEC_HEAD_AVX2(nv) \
   case nv:                    \
-    head_avx2<nv>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); \
+    head_avx2<nv>(hd);        \
     break;
             SPECDEC_HEAD_AVX2(1) SPECDEC_HEAD_AVX2(2) SPECDEC_HEAD_AVX2(3) SPECDEC_HEAD_AVX2(4)
             SPECDEC_HEAD_AVX2(5) SPECDEC_HEAD_AVX2(6) SPECDEC_HEAD_AVX2(7) SPECDEC_HEAD_AVX2(8)
             SPECDEC_HEAD_AVX2(9) SPECDEC_HEAD_AVX2(10) SPECDEC_HEAD_AVX2(11) SPECDEC_HEAD_AVX2(12)
             SPECDEC_HEAD_AVX2(13) SPECDEC_HEAD_AVX2(14) SPECDEC_HEAD_AVX2(15)
-            default: head_avx2<16>(qh, H * D, Q, kh, vh, S, bh, oh, H * D, work.data()); break;
+            default: head_avx2<16>(hd); break;
 #undef SPECDEC_HEAD_AVX2
           }
           continue;
         }
 #endif
-        head_portable(qh, H * D, Q, kh, vh, S, D, bh, oh, H * D, work.data());
+        head_portable(hd);
       }
     }
   }
