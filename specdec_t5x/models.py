@@ -406,14 +406,8 @@ class EncoderDecoderModel:
         return_all_decodes: bool = False,
         num_decodes: int = 1,
         prompt_with_targets: bool = False,
-        **model_kwargs: Any,
     ) -> tuple[Array, dict[str, Any]]:
-        """Decodes a batch (mirrors T5X's `predict_batch_with_aux`; T5X's signature).
-
-        The T5X entry point of both models: checks the batch, lays `decoder_params` over
-        `default_decoder_params`, decodes with the model's `_decodes` (here `decode_fn` with T5X's
-        keywords; `SpeculativeEncoderDecoderModel._decodes`: the speculative decode and its
-        statistics) and keeps each example's best unless `return_all_decodes`.
+        """Decodes a batch with `decode_fn` (mirrors T5X's `predict_batch_with_aux`).
 
         Args:
           params: model parameters: raw (the decoder projections are then packed for the CPU
@@ -427,32 +421,16 @@ class EncoderDecoderModel:
           return_all_decodes: return [batch, num_decodes, L] instead of the best [batch, L].
           num_decodes: samples per example.
           prompt_with_targets: use the decoder inputs (EOS zeroed) as a forced prompt.
-          **model_kwargs: keyword-only arguments of the model's `_decodes` beyond T5X's (none
-            here; `SpeculativeEncoderDecoderModel`: `draft_params`).
 
         Returns:
           (decodes int32 [batch, L] or [batch, num_decodes, L], {'scores': float32 [batch] or
-          [batch, num_decodes]}) here; `SpeculativeEncoderDecoderModel._decodes` for its aux.
+          [batch, num_decodes]}).
 
         Raises:
           ValueError: a feature missing from `batch` or not int token ids [batch, length]; bad
             sampling settings (from the decode fn).
-          TypeError: a keyword in `model_kwargs` that the model's `_decodes` does not take.
         """
         require_features(batch, "encoder_input_tokens", "decoder_input_tokens")
-        decoder_params = {**self.default_decoder_params, **dict(decoder_params or {})}
-        decodes, aux = self._decodes(
-            params, batch, rng, decoder_params, num_decodes, prompt_with_targets, **model_kwargs
-        )
-        if return_all_decodes:
-            return decodes, aux
-        return decodes[:, -1, :], {**aux, "scores": aux["scores"][:, -1]}
-
-    def _decodes(self, params, batch, rng, decoder_params, num_decodes, prompt_with_targets):
-        """Every decode of `predict_batch_with_aux` (its arguments, `decoder_params` laid over the
-        defaults): (decodes int32 [batch, num_decodes, L], {'scores': float32 [batch,
-        num_decodes]}), each example's best last.
-        """
         params = self.pack_params(params)  # once per call, outside the decode loop
         enc = batch["encoder_input_tokens"]
         inputs = decoder_prompt_inputs(batch, self.eos_id, prompt_with_targets)
@@ -460,6 +438,7 @@ class EncoderDecoderModel:
         if num_decodes > 1:
             # The cache is expanded by the decode fn; the step closure needs expanded inputs.
             block_step = steps.make_block_step(self.module, params, jnp.repeat(enc, num_decodes, 0))
+        kwargs = {**self.default_decoder_params, **dict(decoder_params or {})}
         decodes, scores = self.decode_fn(
             inputs=inputs,
             cache=cache,
@@ -468,9 +447,11 @@ class EncoderDecoderModel:
             num_decodes=num_decodes,
             decode_rng=rng,
             cache_offset=0,
-            **decoder_params,
+            **kwargs,
         )
-        return decodes, {"scores": scores}
+        if return_all_decodes:
+            return decodes, {"scores": scores}
+        return decodes[:, -1, :], {"scores": scores[:, -1]}
 
 
 def __getattr__(name: str):

@@ -156,27 +156,26 @@ class SpeculativeEncoderDecoderModel(models.EncoderDecoderModel):
             encoded = steps.encode(self.module, params, encoder_input_tokens)
         return self.draft.prepare(draft_params, encoder_input_tokens, max_decode_len, encoded)
 
-    def _decodes(
+    def predict_batch_with_aux(
         self,
         params,
-        batch,
-        rng,
-        decoder_params,
-        num_decodes,
-        prompt_with_targets,
+        batch: Mapping[str, Array],
+        rng: Array | None = None,
+        decoder_params: Mapping[str, Any] | None = None,
+        return_all_decodes: bool = False,
+        num_decodes: int = 1,
+        prompt_with_targets: bool = False,
         *,
         draft_params=None,
-    ):
-        """Speculative decodes and their aux, for `predict_batch_with_aux` (T5X's signature, and
-        `draft_params` by keyword), which checks the batch, lays `decoder_params` over
-        `default_decoder_params` before this and keeps the one decode per example unless
-        `return_all_decodes`.
+    ) -> tuple[Array, dict[str, Any]]:
+        """Speculative decodes and their aux (T5X's `predict_batch_with_aux` signature).
 
         Args:
           params: target parameters (with `draft_in_params`: and the draft's under 'draft').
           batch: as `EncoderDecoderModel.predict_batch_with_aux`.
           rng: PRNG key for sampling.
-          decoder_params: keyword arguments for the decode fn (gamma, temperature, ...).
+          decoder_params: extra keyword arguments for the decode fn (gamma, temperature, ...).
+          return_all_decodes: return [batch, 1, L] decodes and [batch, 1] scores (T5X's layout).
           num_decodes: must be 1: one decode per example (T5X's beam search and several samples
             per example are `EncoderDecoderModel`'s).
           prompt_with_targets: use the decoder inputs (EOS zeroed) as a forced prompt.
@@ -184,18 +183,16 @@ class SpeculativeEncoderDecoderModel(models.EncoderDecoderModel):
             `jax.jit` so they are arguments, not compile-time constants.
 
         Returns:
-          (decodes int32 [batch, 1, max_decode_len]: prompt, generated tokens, EOS, then zeros;
-          {'scores': float32 [batch, 1], the log-probability of each decode's generated tokens
-          under the target's adjusted distribution (T5X's `temperature_sample` scores: 0 at
-          T = 0), 'stats': `speculative.SpeculativeStats` of per-row [batch] counts (iterations =
-          target calls, accepted and proposed drafts, ...)}): T5X's layout of all decodes, which
-          `predict_batch_with_aux` returns as it is with `return_all_decodes` and otherwise as
-          [batch, max_decode_len] decodes and [batch] scores.
+          (decodes int32 [batch, max_decode_len]: prompt, generated tokens, EOS, then zeros;
+          {'scores': float32 [batch], the log-probability of each decode's generated tokens under
+          the target's adjusted distribution (T5X's `temperature_sample` scores: 0 at T = 0),
+          'stats': `speculative.SpeculativeStats` of per-row [batch] counts (iterations = target
+          calls, accepted and proposed drafts, ...)}).
 
         Raises:
-          ValueError: `num_decodes` other than 1; no `gamma` (nor `tree`) given or bound (from
-            the decode fn); bad γ, tree or sampling settings (from the decode fn); see
-            `split_params`.
+          ValueError: `num_decodes` other than 1; a feature missing from `batch` or not int token
+            ids [batch, length]; no `gamma` (nor `tree`) given or bound (from the decode fn); bad
+            γ, tree or sampling settings (from the decode fn); see `split_params`.
         """
         if num_decodes != 1:
             raise ValueError(
@@ -203,7 +200,9 @@ class SpeculativeEncoderDecoderModel(models.EncoderDecoderModel):
                 f"{num_decodes} (beam search or several samples per example: decode with "
                 "models.EncoderDecoderModel)."
             )
-        sampling, speculation, rest = split_decoder_params(decoder_params)
+        models.require_features(batch, "encoder_input_tokens", "decoder_input_tokens")
+        kwargs = {**self.default_decoder_params, **dict(decoder_params or {})}
+        sampling, speculation, rest = split_decoder_params(kwargs)
         decodes, aux = self.decode(
             params,
             batch,
@@ -214,7 +213,9 @@ class SpeculativeEncoderDecoderModel(models.EncoderDecoderModel):
             prompt_with_targets=prompt_with_targets,
             **rest,
         )
-        return decodes[:, None], {**aux, "scores": aux["scores"][:, None]}  # [b, L] -> [b, 1, L]
+        if return_all_decodes:  # [b, L] -> [b, 1, L]
+            return decodes[:, None], {**aux, "scores": aux["scores"][:, None]}
+        return decodes, aux
 
     def decode(
         self,
