@@ -87,13 +87,6 @@ ROW_SETS = {
             for shape in ("embedded", "base")
             for draft in ("aligned_copy", "source_copy")
         },
-        "trees_embedded_auto_t0": [
-            T0,
-            "--gin.GAMMA=2",
-            "--gin.GAMMAS=[1, 3, 'auto']",
-            "--gin.TREES=[(2, 1), (2, 2), (2, 1, 1)]",
-            "--gin.AUTO_TREES=True",
-        ],
     },
     "optimal_trees": {  # trees chosen by experiments/trees/tree_ceiling.py on the validation split, beside chains
         **{

@@ -631,3 +631,9 @@ def test_tree_rows_beside_the_chain(tiny_pair, data_dir, tmp_path, temperature):
         configs(gamma=1, trees=[(0, 2)])
     with pytest.raises(ValueError, match="TREE_RULE"):
         configs(gamma=1, trees=[(2,)], tree_rule="best")
+
+
+def test_tree_rows_are_named_by_their_shape():
+    assert config.SpeculationConfig("auto", trees=[(3, 2, 1)]).tree_rows == {
+        "tree(3,2,1)": (3, 2, 1)
+    }

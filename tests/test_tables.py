@@ -81,6 +81,25 @@ def test_sweep_median_rows_compare_each_run_with_its_own_fastest_chain():
         )
 
 
+def test_a_recorded_auto_over_trees_row_still_renders():
+    """Runs recorded with the removed `AUTO_TREES` option (results/trees): their auto row names the
+    trees it chose and is labelled apart from a chains-only auto row."""
+    auto = {
+        "gamma": "auto",
+        "gamma_chosen": {"0": 2, "2": 1, "tree(3,2,1)": 1},
+        "baseline_timing_examples": 1,
+        "speedup": 1.4,
+        "tokens_per_iteration": 2.0,
+        "alpha_beta": 0.5,
+        "identical_fraction": 1.0,
+        "tree_measured_speedup": {"tree(3,2,1)": 1.3},
+    }
+    assert tables.auto_choices(auto) == "off×1, baseline timing×1, 2×1, tree(3,2,1)×1"
+    run = summary.flat(_sweep_run({1: 1.2, 2: 1.5}, 1.65, 2.3))
+    rows = {r.split(" | ")[4]: r for r in tables.sweep_median_rows([{**run, "auto": auto}])}
+    assert set(rows) == {"γ = 1", "γ = 2", "tree(2,1)", "auto (chains, trees, off)"}
+
+
 def test_repeated_runs_render_from_their_records(tmp_path):
     for row, speeds in (("ende_base_t0", (1.7, 1.8, 1.6)), ("ende_large_t0", (1.9, 2.0, 1.8))):
         for r, s in enumerate(speeds):

@@ -2,10 +2,9 @@
 
 `AutoGammaDecoder` measures the cost curve on the first batch (`cost_curve.measure_cost_curve`;
 kept across runs by `cost_cache`), calibrates it with real calls of every γ, keeps one jitted
-decoder per plan and asks a `gamma_controller.GammaController` (with trees, an
-`auto_trees.TreeChooser`) for the plan before every call (γ is static under `jit`). A
-`speculation_gate.SpeculationGate` between the choice and the call starts the run on the baseline
-and speculates only while the run's own timed calls show that it pays.
+decoder per γ and asks a `gamma_controller.GammaController` for γ before every call (γ is static
+under `jit`). A `speculation_gate.SpeculationGate` between the choice and the call starts the run
+on the baseline and speculates only while the run's own timed calls show that it pays.
 """
 
 from __future__ import annotations
@@ -13,16 +12,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
 from specdec_t5x import models, steps
-from specdec_t5x import tree as tree_lib
-from specdec_t5x.auto import auto_trees, gamma_controller, speculation_gate
 from specdec_t5x.auto import cost_cache as cost_cache_lib
+from specdec_t5x.auto import gamma_controller, speculation_gate
 from specdec_t5x.timing import cost_curve
 
 Array = jax.Array
@@ -60,8 +58,6 @@ class AutoGammaDecoder:
       calibration_rounds: rounds of real calls of every plan on the first batch calibrating the
         curve (`cost_curve.calibrated`; 0: none); curve: a `CostCurve` to use as given.
       config: `gamma_controller.GammaConfig` (None: defaults); baseline_sampler: γ = 0's draw.
-      trees: token trees also considered (`tree.parse_tree` specs), chosen when measured faster
-        than the chains (`auto_trees.TreeChooser`); tree_rule: their rule at T > 0.
       clock: wall-clock seconds (None: `time.perf_counter`; tests inject one).
       gate: `speculation_gate.GateConfig` (True: `DEFAULT_GATE`; None or False: no gate).
       cost_cache: `cost_cache.open_cache`'s setting (None: the environment's or the default).
@@ -70,11 +66,10 @@ class AutoGammaDecoder:
         `CALIBRATION_SHARE`) of their expected decode time.
 
     Raises:
-      ValueError: gamma_max < 1 or calibration_rounds < 0 (or not ints); a bad tree or rule;
-        trees with calibration_rounds = 0 or a given curve (a tree is only timed by its calls).
+      ValueError: gamma_max < 1 or calibration_rounds < 0 (or not ints).
 
-    A plan is γ (0 = off) or a tree shape. Use `decoder(batch, rng)`, or, to keep compilation out
-    of a timed region, `choose`, `compile`, then the timed `decode`, `update` and `observe`.
+    A plan is γ (0 = off). Use `decoder(batch, rng)`, or, to keep compilation out of a timed
+    region, `choose`, `compile`, then the timed `decode`, `update` and `observe`.
     `calibration` says where the curve came from ('source'), its seconds and rounds.
     """
 
@@ -84,26 +79,14 @@ class AutoGammaDecoder:
                  cost_repeats: int = 20, calibration_rounds: int = 4,
                  curve: cost_curve.CostCurve | None = None,
                  config: gamma_controller.GammaConfig | None = None,
-                 baseline_sampler: str = "t5x", trees: Sequence[Sequence[int]] = (),
-                 tree_rule: str = "without_replacement",
-                 clock: Callable[[], float] | None = None,
+                 baseline_sampler: str = "t5x", clock: Callable[[], float] | None = None,
                  gate: speculation_gate.GateConfig | bool | None = True, cost_cache: Any = None,
                  expected_calls: int | None = None, calibration_share: float | None = None):  # fmt: skip
         if not isinstance(gamma_max, int) or gamma_max < 1:
             raise ValueError(f"gamma_max must be an int >= 1; got gamma_max={gamma_max!r}.")
         if not isinstance(calibration_rounds, int) or calibration_rounds < 0:
             raise ValueError(f"calibration_rounds must be an int >= 0; got {calibration_rounds!r}.")
-        self.trees = tuple(tree_lib.parse_tree(s).spec for s in trees or ())
-        if self.trees and (not calibration_rounds or curve is not None):
-            raise ValueError(
-                f"trees {self.trees} need the calibration (calibration_rounds >= 1, no given "
-                f"curve): their only timings are their own calls; got calibration_rounds="
-                f"{calibration_rounds}, curve {'given' if curve is not None else 'None'}."
-            )
-        if tree_rule not in tree_lib.TREE_RULES:
-            raise ValueError(f"tree_rule must be one of {tree_lib.TREE_RULES}; got {tree_rule!r}.")
-        self.tree_rule, self.clock = tree_rule, clock
-        self.chooser: auto_trees.TreeChooser | None = None
+        self.clock = clock
         self.calibration_rounds = calibration_rounds
         self.config = gamma_controller.GammaConfig() if config is None else config
         self.spec_model, self.target_params = spec_model, target_params
@@ -132,8 +115,6 @@ class AutoGammaDecoder:
 
     def _controller(self, curve: cost_curve.CostCurve) -> gamma_controller.GammaController:
         controller = gamma_controller.GammaController(curve, self.prior_alpha, self.config)
-        if self.trees:
-            self.chooser = auto_trees.TreeChooser(controller, self.trees)
         if self.gate_config is not None:
             self.gate = speculation_gate.SpeculationGate(curve.baseline_call_ms, self.gate_config)
         return controller
@@ -142,19 +123,13 @@ class AutoGammaDecoder:
         return time.perf_counter() if self.clock is None else self.clock()
 
     @property
-    def plans(self) -> list:
-        """The candidate plans: γ = 0..gamma_max, then the tree shapes."""
-        return [*range(self.gamma_max + 1), *self.trees]
-
-    def tree_speedups(self) -> dict[str, float | None]:
-        """{tree name: its measured speed-up so far (None before timed)}; {} without trees."""
-        if self.chooser is None:
-            return {}
-        return {auto_trees.plan_name(s): self.chooser.measured_speedup(s) for s in self.trees}
+    def plans(self) -> list[int]:
+        """The candidate plans: γ = 0..gamma_max."""
+        return list(range(self.gamma_max + 1))
 
     def _fn(self, gamma):
         if gamma not in self._fns:
-            if not isinstance(gamma, tuple) and gamma == 0:  # the draft's parameters stay out of it
+            if gamma == 0:  # the draft's parameters stay out of it
                 params = dict(self.settings)
                 fn = jax.jit(
                     lambda tp, b, rng: (
@@ -164,11 +139,8 @@ class AutoGammaDecoder:
                 )
                 self._fns[0] = lambda tp, dp, b, rng: fn(tp, b, rng)
                 return self._fns[0]
-            if isinstance(gamma, tuple):  # a tree: one target call verifies all its nodes
-                extra = {"tree": gamma, "tree_rule": self.tree_rule}
-            else:
-                extra = {"gamma": gamma, "verification": self.verification,
-                         "draft_confidence_threshold": self.threshold}  # fmt: skip
+            extra = {"gamma": gamma, "verification": self.verification,
+                     "draft_confidence_threshold": self.threshold}  # fmt: skip
             params = {**self.settings, **extra}
             self._fns[gamma] = jax.jit(
                 lambda tp, dp, b, rng: self.spec_model.predict_batch_with_aux(
@@ -186,10 +158,8 @@ class AutoGammaDecoder:
         return min(self.cost_repeats, SHORT_RUN_REPEATS) if self.short_run else self.cost_repeats
 
     def _rounds(self) -> int:
-        """Calibration rounds: none in a short run (one with trees: their only timings)."""
-        if self.short_run:
-            return min(self.calibration_rounds, 1) if self.trees else 0
-        return self.calibration_rounds
+        """Calibration rounds: none in a short run."""
+        return 0 if self.short_run else self.calibration_rounds
 
     def _measurement(self) -> dict[str, Any]:
         """How the curve is measured: part of its cache key (`cost_cache.curve_key`)."""
@@ -201,18 +171,16 @@ class AutoGammaDecoder:
             "baseline_sampler": self.baseline_sampler,
             "cost_repeats": self._repeats(),
             "calibration_rounds": self._rounds(),
-            "trees": [list(map(str, t)) for t in self.trees],
-            "tree_rule": self.tree_rule,
         }
 
-    def choose(self, batch: Mapping[str, Array]) -> tuple[int | tuple[int, ...], float | None]:
+    def choose(self, batch: Mapping[str, Array]) -> tuple[int, float | None]:
         """(plan, predicted speedup) for the next call, as the gate lets it run (0 with the
         gate's reason in `controller.last_choice` otherwise); sets the curve up on the first
         batch."""
         if self.controller is None:
             self._setup(batch)
         c = self.controller
-        plan, predicted = self.chooser.choose() if self.chooser is not None else c.choose()
+        plan, predicted = c.choose()
         if self.gate is None:
             return plan, predicted
         run, reason = self.gate.choose(plan)
@@ -222,12 +190,11 @@ class AutoGammaDecoder:
             return plan, predicted
         c.exploring = False  # not the exploration the controller chose
         predicted = None if reason in _GATE_TIMING else 1.0
-        wanted = auto_trees.plan_name(plan)
         c.last_choice = {
             "reason": reason,
             "alpha": c.alpha,
             "predicted": predicted,
-            "wanted": wanted,
+            "wanted": str(plan),
         }
         return 0, predicted
 
@@ -248,8 +215,6 @@ class AutoGammaDecoder:
             if curve is not None:
                 curve = dataclasses.replace(curve, source="cache")
                 logger.info("auto γ: cost curve read from the cache (%s)", self.cache.path(key))
-                if self.trees:  # a tree is only ever timed by its own calls
-                    calls = self._calibration_calls(batch)
             else:
                 curve = cost_curve.measure_cost_curve(
                     self.spec_model, self.target_params, self.draft_params, enc, max_len,
@@ -258,9 +223,8 @@ class AutoGammaDecoder:
                     progress=lambda stage: setattr(beat, "stage", f"cost curve: {stage}"),
                 )  # fmt: skip
                 calls = self._calibration_calls(batch) if self._rounds() else {}
-                # The trees have no modelled call to calibrate; a γ may have no call left when
-                # the budget stopped the rounds.
-                chains = {g: v for g, v in calls.items() if isinstance(g, int) and v}
+                # A γ may have no call left when the budget stopped the rounds.
+                chains = {g: v for g, v in calls.items() if v}
                 if chains:
                     curve = cost_curve.calibrated(curve, chains)
                 if curve.source != "measured":
@@ -285,23 +249,20 @@ class AutoGammaDecoder:
         # The calibration's calls time the baseline (ρ_b) and each γ (ρ_s) at the same moment.
         for seconds, longest, _ in calls.get(0, []):
             self.controller.time_baseline(seconds, longest)
-        for gamma in sorted(g for g in calls if isinstance(g, int) and g > 0):
+        for gamma in sorted(g for g in calls if g > 0):
             for seconds, longest, iterations in calls[gamma]:
                 self.controller.time_speculative(gamma, seconds, longest, iterations)
-        for shape in self.trees:  # a tree's calibration calls start its measured speed-up
-            for seconds, longest, _ in calls.get(shape, []):
-                self.chooser.time_tree(shape, seconds, longest)
 
     def _calibration_calls(self, batch: Mapping[str, Array]) -> dict[Any, list]:
         """{plan: [(seconds, longest tokens, iterations)]}: up to `calibration_rounds` rounds of
         every plan on `batch` after a discarded warm-up round, each in a seeded random order;
         with `expected_calls` known, a round starts only while the rounds so far plus one more
-        fit in `calibration_share` of the run's expected decode time (one runs with trees)."""
+        fit in `calibration_share` of the run's expected decode time."""
         plans = self.plans
         beat = getattr(self, "_beat", None)
         for plan in plans:
             if beat is not None:
-                beat.stage = f"compiling {auto_trees.plan_name(plan)}"
+                beat.stage = f"compiling {plan}"
             self.compile(plan, batch)
         calls: dict[Any, list] = {p: [] for p in plans}
         order = np.random.default_rng(0)
@@ -311,7 +272,7 @@ class AutoGammaDecoder:
         # Round -1 is a discarded warm-up: the first calls after compiling run well above their
         # later time while the executables take turns.
         for r in range(-1, rounds):
-            if r >= (1 if self.trees else 0) and budget is not None and spent + last > budget:
+            if r >= 0 and budget is not None and spent + last > budget:
                 logger.info(
                     "auto γ: calibration stopped after %d of %d rounds (budget %.1f s)", r, rounds,
                     budget,
@@ -355,31 +316,27 @@ class AutoGammaDecoder:
             self._compiled.add(key)
 
     def decode(self, gamma, batch: Mapping[str, Array], rng: Array):
-        """(decodes int32 [batch, max_decode_len], aux) with a plan: γ (0: the baseline, aux =
-        {}) or a tree shape (aux['stats']: `tree.TreeStats`)."""
+        """(decodes int32 [batch, max_decode_len], aux) with γ (0: the baseline, aux = {})."""
         return self._fn(gamma)(self.target_params, self.draft_params, batch, rng)
 
     def update(self, aux: Mapping[str, Any]) -> None:
-        """Feeds a chain call's β into the running α (no-op for γ = 0 and a tree)."""
-        if "stats" in aux and not isinstance(aux["stats"], tree_lib.TreeStats):
+        """Feeds a chain call's β into the running α (no-op for γ = 0)."""
+        if "stats" in aux:
             self.controller.update(aux["stats"])
 
     def observe(
         self, gamma, seconds: float, decodes: Array, aux: Mapping[str, Any] | None = None
     ) -> None:
-        """Feeds a timed call of a plan to the controller (a tree's to the `TreeChooser`) and the
-        gate: wall seconds, its int32 [batch, len] decodes (padding rows included) and aux."""
+        """Feeds a timed call of γ to the controller and the gate: wall seconds, its int32
+        [batch, len] decodes (padding rows included) and aux."""
         longest, iterations = call_counts(decodes, aux)
-        if isinstance(gamma, tuple):
-            self.chooser.observe(gamma, seconds, longest, iterations)
-        else:
-            self.controller.observe(gamma, seconds, longest, iterations)
+        self.controller.observe(gamma, seconds, longest, iterations)
         if self.gate is not None:
             self.gate.observe(gamma, seconds, longest)
 
     def __call__(self, batch: Mapping[str, Array], rng: Array):
-        """Chooses a plan, decodes, learns α and the timing; returns (decodes, aux + the plan as
-        'gamma', prediction)."""
+        """Chooses γ, decodes, learns α and the timing; returns (decodes, aux + γ as 'gamma',
+        prediction)."""
         gamma, predicted = self.choose(batch)
         self.compile(gamma, batch)
         start = self._now()

@@ -50,11 +50,9 @@ class GammaConfig:
       max_explore_calls: speculative calls that may be spent exploring (0: never).
       speculate_every: while off with the best γ above `retime_min_predicted`, every n-th call
         runs it (0: never), so that a faster phase of the machine is noticed.
-      tree_margin: a tree (`auto_trees.TreeChooser`) is chosen only when measured faster than
-        this times the chains' speed-up (> 0).
 
     Raises:
-      ValueError: a knob that is not a finite number >= 0, or min_speedup, tree_margin <= 0.
+      ValueError: a knob that is not a finite number >= 0, or min_speedup <= 0.
     """
 
     min_timed_calls: int = 2
@@ -72,7 +70,6 @@ class GammaConfig:
     max_explore_calls: int = 12
     speculate_every: int = 8
     retime_min_predicted: float = 0.95
-    tree_margin: float = 1.02
 
     def __post_init__(self):
-        check_knobs(self, strict_fields=("min_speedup", "tree_margin"))
+        check_knobs(self, strict_fields=("min_speedup",))

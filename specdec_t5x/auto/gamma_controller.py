@@ -55,8 +55,8 @@ class GammaController:
     Attributes:
       curve: the measured `CostCurve`; prior_alpha: α before any β (None: probe with γ = 1);
       config: the knobs.
-      history: one record per observed call: {'gamma' (a tree's name for a tree), 'reason',
-        'predicted', 'alpha', 'ms' (wall ms), 'longest_tokens', 'iterations'}.
+      history: one record per observed call: {'gamma', 'reason', 'predicted', 'alpha', 'ms' (wall
+        ms), 'longest_tokens', 'iterations'}.
       The other fields are the running state, commented where they are declared.
     """
 
@@ -309,29 +309,12 @@ class GammaController:
             self.time_baseline(seconds, longest_tokens)  # ρ_b, its spread, the timed calls
         else:
             self._observe_speculative(gamma, seconds, longest_tokens, iterations)
-        self._count_call(int(gamma), seconds, longest_tokens, iterations, gamma == 0, gamma > 0)
-
-    def observe_unmodelled(
-        self, label: str, seconds: float, longest_tokens: int, iterations: int | None = None
-    ) -> None:
-        """Records a timed call of a plan the model does not cover (a token tree, `auto_trees`,
-        named `label`): it counts toward L, the history and the re-timing counters only.
-
-        Raises:
-          ValueError: negative or non-finite seconds or longest_tokens < 1.
-        """
-        check_call("observe_unmodelled", seconds, longest_tokens)
-        self._count_call(label, seconds, longest_tokens, iterations, False, False)
-
-    def _count_call(
-        self, label, seconds: float, longest_tokens: int, iterations, baseline: bool, chain: bool
-    ) -> None:
-        """`observe`'s bookkeeping common to every plan: re-timing counters, history, L."""
-        self.calls_since_baseline = 0 if baseline else self.calls_since_baseline + 1
-        self.calls_since_speculative = 0 if chain else self.calls_since_speculative + 1
+        # The re-timing counters, the history and L.
+        self.calls_since_baseline = 0 if gamma == 0 else self.calls_since_baseline + 1
+        self.calls_since_speculative = 0 if gamma > 0 else self.calls_since_speculative + 1
         choice = self.last_choice or {"reason": None, "alpha": None, "predicted": None}
         iterations = None if iterations is None else int(iterations)
-        record = {"gamma": label, **choice, "ms": 1e3 * float(seconds)}
+        record = {"gamma": int(gamma), **choice, "ms": 1e3 * float(seconds)}
         self.history.append(
             {**record, "longest_tokens": int(longest_tokens), "iterations": iterations}
         )

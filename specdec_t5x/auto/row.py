@@ -1,4 +1,4 @@
-"""Auto γ as a row of the eval job: γ (or a tree, or none) chosen before each call, and its metrics.
+"""Auto γ as a row of the eval job: γ (or none) chosen before each call, and its metrics.
 
 `AutoRow` follows `eval.rows.Row`: `prepare` chooses the plan and compiles it (untimed), `decode`
 is the timed call, `observe` feeds the seconds and the statistics to the controller; `report` adds
@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 
 from specdec_t5x import metrics
-from specdec_t5x import tree as tree_lib
-from specdec_t5x.auto import auto_gamma, auto_trees
+from specdec_t5x.auto import auto_gamma
 
 
 class AutoRow:
@@ -33,8 +32,6 @@ class AutoRow:
             gamma_max=speculation.auto_gamma_max,
             cost_repeats=measure.cost_repeats,
             baseline_sampler=baseline_sampler,
-            trees=speculation.trees if speculation.auto_trees else (),
-            tree_rule=speculation.tree_rule,
         )
         self._plan, self._predicted, self._aux = None, None, None
 
@@ -51,11 +48,10 @@ class AutoRow:
         return tokens, self._aux.get("stats")
 
     def observe(self, seconds: float, tokens, stats) -> tuple[Any, Any]:
-        """Learns α and the call's time; returns (plan, its predicted speed-up) for the record."""
+        """Learns α and the call's time; returns (γ, its predicted speed-up) for the record."""
         self.decoder.update(self._aux)
         self.decoder.observe(self._plan, seconds, tokens, self._aux)  # measured vs modelled
-        plan = self._plan if isinstance(self._plan, int) else auto_trees.plan_name(self._plan)
-        return plan, self._predicted  # γ or 'tree(2,2)'
+        return self._plan, self._predicted
 
     def report(self, flat: dict[str, Any], runs: Mapping[Hashable, Any], context) -> None:
         """Adds `flat['auto']`; an auto headline also replaces the headline fields.
@@ -66,8 +62,6 @@ class AutoRow:
         controller = self.decoder.controller
         flat["auto"]["cost_curve"] = controller.curve.to_dict()
         flat["auto"]["calls"] = controller.history
-        if self.decoder.trees:  # AUTO_TREES: what each tree measured
-            flat["auto"]["tree_measured_speedup"] = self.decoder.tree_speedups()
 
 
 def add_auto_row(flat, runs, choices, headline: bool, quality_args) -> None:
@@ -134,14 +128,14 @@ def summarise_auto(
 
     Args:
       baseline_seconds, seconds: float [examples] wall seconds of the baseline and auto.
-      stats: per example `SpeculativeStats` or `tree.TreeStats` (NumPy), None where γ = 0 ran.
-      chosen: per example the plan (γ, a tree shape or `auto_trees.plan_name`).
+      stats: per example `SpeculativeStats` (NumPy), None where γ = 0 ran.
+      chosen: per example γ (an int, or its name: '2').
       predictions: per example the predicted speed-up, None for a measurement call (the probe,
         baseline timings).
       identical: optional fraction of examples equal to the baseline's tokens.
 
     Returns:
-      {'gamma': 'auto', 'gamma_chosen' {plan name: count} (γ increasing, then trees),
+      {'gamma': 'auto', 'gamma_chosen' {γ as a str: count} (γ increasing),
       'baseline_timing_examples', 'probe_examples', 'speedup', 'median_example_speedup',
       'alpha_beta' (chains' β; None without), 'alpha_display', 'tokens_per_iteration',
       'predicted_speedup' (mean over predicted calls), 'identical_fraction',
@@ -149,15 +143,14 @@ def summarise_auto(
     """
     base, secs = np.asarray(baseline_seconds), np.asarray(seconds)
     ran = [s for s in stats if s is not None]
-    chains = [s for s in ran if not isinstance(s, tree_lib.TreeStats)]  # α: chains' β only
-    beta_sum = sum(float(np.sum(s.beta_sum)) for s in chains)
-    num_beta = sum(int(np.sum(s.num_beta)) for s in chains)
+    beta_sum = sum(float(np.sum(s.beta_sum)) for s in ran)
+    num_beta = sum(int(np.sum(s.num_beta)) for s in ran)
     iterations = sum(int(np.sum(s.num_iterations)) for s in ran)
     generated = sum(int(np.sum(s.num_generated)) for s in ran)
     alpha = beta_sum / num_beta if num_beta else None
     known = [p for p in predictions if p is not None]
-    names = [auto_trees.plan_name(g) for g in chosen]
-    order = sorted(set(names), key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n))
+    names = [str(g) for g in chosen]
+    order = sorted(set(names), key=int)
     counts = {n: names.count(n) for n in order}
     measuring = [n for n, p in zip(names, predictions, strict=True) if p is None]
     return {

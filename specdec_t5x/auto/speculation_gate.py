@@ -60,7 +60,7 @@ class GateConfig:
 
 
 def _speculative(plan) -> bool:
-    return plan != 0  # γ >= 1 or a tree shape
+    return plan != 0  # γ >= 1
 
 
 class SpeculationGate:

@@ -70,8 +70,6 @@ class SpeculationConfig:
         [(2, 2), (3, 2, 1)]) or its nodes' child-rank paths (e.g. ((0,), (1,), (0, 0)));
         `tree.parse_tree`), verified in one target call per iteration.
       tree_rule: the trees' acceptance rule at T > 0 (`tree.TREE_RULES`).
-      auto_trees: auto also chooses among `trees` (`auto_trees.TreeChooser`: a tree runs when
-        its measured speed-up beats the chains'); False: chains and off only. Needs `trees`.
     """
 
     gamma: int | str
@@ -80,7 +78,6 @@ class SpeculationConfig:
     draft_name: str = "draft"
     trees: Sequence[Sequence] | None = None
     tree_rule: str = "without_replacement"
-    auto_trees: bool = False
 
     def __post_init__(self):
         requested = [self.gamma, *(self.gammas or ())]
@@ -103,9 +100,6 @@ class SpeculationConfig:
                 tree.parse_tree(shape)
             except (TypeError, ValueError) as err:
                 raise ValueError(f"TREES: bad tree {shape!r}: {err}") from None
-        _check_bool(self.auto_trees, "auto_trees", "AUTO_TREES")
-        if self.auto_trees and not self.trees:
-            raise ValueError("auto_trees (gin: AUTO_TREES) = True needs tree shapes in TREES.")
         if self.tree_rule not in tree.TREE_RULES:
             raise ValueError(
                 f"tree_rule (gin: TREE_RULE) must be one of {tree.TREE_RULES}; got "
