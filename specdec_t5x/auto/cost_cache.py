@@ -37,7 +37,8 @@ FORMAT = 1  # the cache file's layout; bump to drop every older entry
 _CODE = """timing/cost_curve.py timing/step_timer.py timing/loops.py timing/overheads.py
 timing/clock.py speculative.py decoding.py models.py network.py steps.py sampling.py
 verification.py cpu_kernel/ops.py cpu_kernel/params.py cpu_kernel/extension.py
-cpu_kernel/matmul.cc cpu_kernel/attention.cc""".split()
+cpu_kernel/matmul.cc cpu_kernel/attention.cc cpu_kernel/attention_simd.h network_layers.py
+network_attention.py loop.py speculative_model.py speculation.py drafts.py draft_base.py""".split()
 
 
 def code_hash() -> str:
