@@ -1,6 +1,7 @@
 """Auto γ's gate (`speculation_gate`): starts on the baseline, switches on only on the run's own
 timed calls, and reaches γ = 0 within N calls once speculation stops paying (injected clocks)."""
 
+import dataclasses
 import types
 
 import jax.numpy as jnp
@@ -181,6 +182,21 @@ def test_a_paying_pair_switches_on_from_its_own_calls():
     world2 = World(c)
     _, seconds2 = run(fake_decoder(world2, gate=None), world2, 100)
     assert gated > 0.93 * world2.base_seconds / seconds2
+
+
+def test_the_gate_runs_the_models_best_gamma_where_the_model_alone_stays_off():
+    """A pair the model prices below break-even (c = 1.2) that pays on the machine (its calls
+    take half the modelled time): the controller alone stays off, the gate explores the model's
+    best γ ('gated_best'), measures it paying and switches on."""
+    c = dataclasses.replace(curve(), draft_step_ms=12.0)
+    alone = gamma_controller.GammaController(c, prior_alpha=0.7)
+    assert alone.choose()[0] == 0 and alone.last_choice["reason"] == "off"
+    world = World(c, slow=lambda i: 0.5)
+    decoder = fake_decoder(world)
+    plans, seconds = run(decoder, world, 60)
+    assert sum(p > 0 for p in plans[30:]) >= 25, plans
+    assert "gated_best" in {h["reason"] for h in decoder.controller.history}
+    assert world.base_seconds / seconds > 1.3
 
 
 def test_controller_alone_has_no_short_bound_which_is_why_the_gate_exists():

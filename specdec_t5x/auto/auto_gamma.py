@@ -34,6 +34,8 @@ SHORT_RUN_REPEATS = 3
 CALIBRATION_SHARE = 0.1
 # Gate reasons of a γ = 0 call that times the baseline (a measurement call: no prediction).
 _GATE_TIMING = ("gate_baseline", "gate_refresh")
+# The controller's choices its model makes alone; with a gate its best γ runs instead.
+_GATED_MODEL = ("off", "explore")
 DEFAULT_GATE: speculation_gate.GateConfig | None = speculation_gate.GateConfig()
 
 
@@ -176,13 +178,20 @@ class AutoGammaDecoder:
     def choose(self, batch: Mapping[str, Array]) -> tuple[int, float | None]:
         """(plan, predicted speedup) for the next call, as the gate lets it run (0 with the
         gate's reason in `controller.last_choice` otherwise); sets the curve up on the first
-        batch."""
+        batch. With a gate, where the controller's model alone would stay off or explore, its
+        best γ is the plan ('gated_best'): the gate's measured calls decide whether it runs."""
         if self.controller is None:
             self._setup(batch)
         c = self.controller
         plan, predicted = c.choose()
         if self.gate is None:
             return plan, predicted
+        if c.last_choice["reason"] in _GATED_MODEL and c.best:
+            # Whether speculation pays is the gate's call, from the run's own calls; the model
+            # only says which γ: its best, not its break-even 'off' or an optimistic exploration.
+            plan, predicted = c.best
+            c.exploring = False
+            c.last_choice = {**c.last_choice, "reason": "gated_best", "predicted": predicted}
         run, reason = self.gate.choose(plan)
         if run == plan:
             if reason is not None:  # an exploration: the controller's plan, marked

@@ -50,7 +50,8 @@ class GammaController:
     ρ_s measured / modelled wall time of the timed baseline and speculative calls and η counted /
     expected iterations (ρ_s and η per γ, shrunk toward the pooled value). `choose` applies the
     rules `config` sets. Alone they reach γ = 0 only slowly once speculation stops paying, so
-    `auto_gamma` puts a `speculation_gate.SpeculationGate` after `choose`.
+    `auto_gamma` puts a `speculation_gate.SpeculationGate` after `choose` and, where the model
+    alone would stay off or explore, hands the gate the `best` γ.
 
     Attributes:
       curve: the measured `CostCurve`; prior_alpha: α before any β (None: probe with γ = 1);
@@ -88,6 +89,7 @@ class GammaController:
     baseline_ratio_sq_sum: float = running_field(float)
     history: list = running_field(list)
     last_choice: dict = running_field(dict)  # the last `choose`: {'reason', 'alpha', 'predicted'}
+    best: tuple = running_field(tuple)  # the last `choose`'s best γ and its prediction, or ()
 
     @property
     def alpha(self) -> float | None:
@@ -171,6 +173,7 @@ class GammaController:
         chosen. Measurement calls return a None prediction; "off" is (0, 1.0)."""
         cfg = self.config
         self.exploring = False
+        self.best = ()
         alpha = self.alpha
         if alpha is None:
             return self._chose(1, None, "probe")
@@ -180,6 +183,7 @@ class GammaController:
         predicted = self.predictions(alpha)
         # Ties: the smaller γ.
         best = max(candidates, key=lambda g: (predicted[g], -g), default=0)
+        self.best = (best, predicted[best]) if best else ()
         explore, reason = False, "off"
         confirmed = {g: m[0] for g in candidates if (m := self.confirmed(g)) is not None}
         if best and predicted[best] > cfg.min_speedup:
