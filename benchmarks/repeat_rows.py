@@ -28,9 +28,17 @@ OPTIMAL = {
 }
 ROW_SETS = {
     "demo": {"embedded_t0": [T0], "embedded_t1": [T1]},
-    "auto_check": {  # auto γ alone beside the baseline, and the fixed γ it chooses among, in separate runs
+    "auto_check": {  # auto γ beside the baseline, and fixed γ, each set in runs of its own
         **{
-            f"auto_embedded_t{t}": [T0 if t == 0 else T1, "--gin.GAMMA='auto'", "--gin.GAMMAS=None"]
+            f"auto_embedded_t{t}": [T0 if t == 0 else T1, "--gin.GAMMA='auto'", "--gin.GAMMAS=[]"]
+            for t in (0, 1)
+        },
+        **{
+            f"auto_sweep_embedded_t{t}": [
+                T0 if t == 0 else T1,
+                "--gin.GAMMA='auto'",
+                "--gin.GAMMAS=None",
+            ]
             for t in (0, 1)
         },
         **{
@@ -38,6 +46,14 @@ ROW_SETS = {
                 T0 if t == 0 else T1,
                 "--gin.GAMMA=2",
                 "--gin.GAMMAS=[1, 3, 5]",
+            ]
+            for t in (0, 1)
+        },
+        **{
+            f"best_fixed_embedded_t{t}": [
+                T0 if t == 0 else T1,
+                "--gin.GAMMA=2",
+                "--gin.GAMMAS=None",
             ]
             for t in (0, 1)
         },
@@ -129,7 +145,12 @@ ROW_SETS = {
     },
 }
 # Rows whose table lists every chain γ of their runs (not only the headline γ).
-SWEPT_ROWS = {"fixed_embedded_t0", "fixed_embedded_t1"}
+SWEPT_ROWS = {
+    "fixed_embedded_t0",
+    "fixed_embedded_t1",
+    "auto_sweep_embedded_t0",
+    "auto_sweep_embedded_t1",
+}
 TARGETS = {"embedded": "embedded (13.6M)", "small": "T5 1.1 small shape", "base": "T5 1.1 base shape",
            "large": "T5 1.1 large shape"}  # fmt: skip
 

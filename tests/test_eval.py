@@ -637,3 +637,10 @@ def test_tree_rows_are_named_by_their_shape():
     assert config.SpeculationConfig("auto", trees=[(3, 2, 1)]).tree_rows == {
         "tree(3,2,1)": (3, 2, 1)
     }
+
+
+def test_an_auto_headline_sweeps_fixed_gammas_unless_gammas_is_empty():
+    assert config.SpeculationConfig("auto", auto_gamma_max=3).fixed_gammas == [1, 2, 3]
+    alone = config.SpeculationConfig("auto", gammas=[], auto_gamma_max=3)
+    assert alone.fixed_gammas == [] and alone.auto
+    assert config.SpeculationConfig("auto", gammas=[2]).fixed_gammas == [2]

@@ -68,7 +68,8 @@ def add_auto_row(flat, runs, choices, headline: bool, quality_args) -> None:
     """Adds the auto-γ row as `flat['auto']`; an auto headline also replaces the headline fields.
 
     The row (`summarise_auto`) has the γ chosen per example (0 = off), the mean prediction of
-    those choices, the measured speed, and the best fixed γ of the same run's sweep.
+    those choices, the measured speed, and the best fixed γ of the same run's sweep (none when
+    auto runs alone beside the baseline).
     """
     base, run = runs["baseline"], runs["auto"]
     same = [np.array_equal(a, b) for a, b in zip(base.tokens, run.tokens, strict=True)]
@@ -76,22 +77,23 @@ def add_auto_row(flat, runs, choices, headline: bool, quality_args) -> None:
     row = summarise_auto(
         base.seconds, run.seconds, run.stats, plans, predicted, identical=float(np.mean(same))
     )
-    sweep = flat["gamma_sweep"]
-    best = max(sweep, key=lambda g: sweep[g]["speedup"])
-    row.update(
-        best_fixed_gamma=int(best),
-        best_fixed_speedup=sweep[best]["speedup"],
-        auto_over_best_fixed=row["speedup"] / sweep[best]["speedup"],
-        # Paired bootstrap over examples (5th, 95th percentiles): the run-to-run spread.
-        speedup_interval=bootstrap_interval(base.seconds, run.seconds),
-        auto_over_best_fixed_interval=bootstrap_interval(runs[int(best)].seconds, run.seconds),
-    )
+    sweep = flat.get("gamma_sweep") or {}  # {}: auto alone beside the baseline (GAMMAS = [])
+    # Paired bootstrap over examples (5th, 95th percentiles): the run-to-run spread.
+    row["speedup_interval"] = bootstrap_interval(base.seconds, run.seconds)
+    best = max(sweep, key=lambda g: sweep[g]["speedup"]) if sweep else None
+    if best is not None:
+        row.update(
+            best_fixed_gamma=int(best),
+            best_fixed_speedup=sweep[best]["speedup"],
+            auto_over_best_fixed=row["speedup"] / sweep[best]["speedup"],
+            auto_over_best_fixed_interval=bootstrap_interval(runs[int(best)].seconds, run.seconds),
+        )
     if "baseline_t5x" in runs:
         t5x_seconds = np.sum(runs["baseline_t5x"].seconds)
         row["speedup_vs_t5x_sampler"] = float(t5x_seconds / np.sum(run.seconds))
     flat["auto"] = row
     if headline:
-        for key in sweep[best]:
+        for key in sweep[best] if best is not None else ():
             if key != "quality":  # the top level's quality is {'baseline', 'speculative'}
                 flat.pop(key, None)  # the placeholder headline's fields
         flat.update(row)

@@ -61,8 +61,9 @@ class SpeculationConfig:
     Attributes:
       gamma: γ of the headline row: an int >= 1, or 'auto' (`auto_gamma.AutoGammaDecoder`: γ in
         0..auto_gamma_max chosen before each call from the measured cost curve and the running α;
-        0 = the baseline alone). An auto headline without fixed `gammas` sweeps
-        1..auto_gamma_max too, so the best fixed γ in hindsight is in the same run.
+        0 = the baseline alone). An auto headline with `gammas` None sweeps 1..auto_gamma_max
+        too, so the best fixed γ in hindsight is in the same run; with `gammas` [] it runs alone
+        beside the baseline.
       gammas: extra rows of the speedup-vs-γ sweep (ints >= 1; 'auto' adds an auto row).
       auto_gamma_max: largest γ auto considers.
       draft_name: label of the draft in tables.
@@ -120,9 +121,10 @@ class SpeculationConfig:
 
     @property
     def fixed_gammas(self) -> list[int]:
-        """The fixed γ rows, sorted; an auto headline without any sweeps 1..auto_gamma_max."""
+        """The fixed γ rows, sorted; an auto headline with `gammas` None sweeps
+        1..auto_gamma_max (`gammas` []: none)."""
         fixed = sorted({g for g in [self.gamma, *(self.gammas or ())] if g != "auto"})
-        if self.gamma == "auto" and not fixed:
+        if self.gamma == "auto" and not fixed and self.gammas is None:
             fixed = list(range(1, self.auto_gamma_max + 1))
         return fixed
 

@@ -121,8 +121,11 @@ def evaluate(
         )
     vocabulary, eos_id = spec_model.output_vocabulary, spec_model.eos_id
     gammas, gamma = speculation.fixed_gammas, speculation.gamma
-    costs_gamma = max(gammas) if gamma == "auto" else gamma  # the γ c and verify/step are at
+    # The γ c and verify/step are at (auto: its largest, as with the sweep 1..auto_gamma_max).
+    costs_gamma = max(gammas, default=speculation.auto_gamma_max) if gamma == "auto" else gamma
     headline_key = "auto" if gamma == "auto" else gamma
+    # The fixed γ summarised at the top level until an auto headline's row replaces it.
+    placeholder = (gammas[0] if gammas else None) if gamma == "auto" else gamma
     settings = sampling_settings.decoder_params()
 
     phases: dict[str, float] = {}  # wall seconds per phase -> provenance.phases_s
@@ -181,6 +184,7 @@ def evaluate(
                     baseline_sampler=baseline_sampler,
                     budget_s=measure.cost_seconds or None,
                 )
+            step_costs["gamma"] = costs_gamma  # the γ its c and verify/step are at
             interrupts.check()
             load_samples.append(os.getloadavg()[0])
             busy = provenance.busy_machine(load_samples)
@@ -196,7 +200,7 @@ def evaluate(
                 flat = summary.summarise(
                     runs,
                     gammas,
-                    gammas[0] if gamma == "auto" else gamma,
+                    placeholder,
                     step_costs,
                     examples,
                     seqio_task,
@@ -206,9 +210,7 @@ def evaluate(
                     rows_per_call=rows_per_call,
                 )
                 if speculation.trees:
-                    flat["tree_sweep"] = summary.tree_rows(
-                        runs, speculation.tree_rows, gammas[0] if gamma == "auto" else gamma
-                    )
+                    flat["tree_sweep"] = summary.tree_rows(runs, speculation.tree_rows, placeholder)
                 context = ReportContext(
                     headline_key, choices, (seqio_task, vocabulary, examples, eos_id)
                 )

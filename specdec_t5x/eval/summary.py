@@ -186,7 +186,7 @@ def summarise(
     Args:
       runs: {'baseline': Run, γ: Run for each γ in gammas}; at T > 0 also 'baseline_t5x' (T5X's
         sampler; `speedup_vs_t5x_sampler` beside `speedup`, which is against the fair baseline).
-      gammas: the γ values run; gamma: the headline one.
+      gammas: the γ values run; gamma: the headline one (None: no fixed γ, auto alone).
       costs: `timing.step_timer.time_decoder_steps` result ('c', 'verify_cost_ratio', ...).
       examples, seqio_task, vocabulary, eos_id: for the quality metrics.
       settings: the sampling settings dict, written as is.
@@ -246,14 +246,16 @@ def summarise(
             ),
             "quality": metrics.quality(seqio_task, vocabulary, examples, run.tokens, eos_id),
         }
-    head = sweep[gamma]
+    head = sweep[gamma] if gamma is not None else {}  # None: auto alone (its row fills these)
     return {
         **{k: head[k] for k in head if k not in ("quality",)},
         "c_measured": costs["c"],
         "c_alone": costs.get("c_alone"),
         "verify_cost_ratio": costs["verify_cost_ratio"],
         "step_costs": costs,
-        "measured_over_predicted": head["speedup"] / head["predicted_speedup_thm38"],
+        "measured_over_predicted": (
+            head["speedup"] / head["predicted_speedup_thm38"] if head else None
+        ),
         "baseline_seconds": base_s,
         "baseline_tokens_per_s": base_tokens / base_s,
         **(
@@ -263,7 +265,7 @@ def summarise(
         ),
         "quality": {
             "baseline": metrics.quality(seqio_task, vocabulary, examples, base.tokens, eos_id),
-            "speculative": head["quality"],
+            "speculative": head.get("quality"),
         },
         "gamma_sweep": {str(g): v for g, v in sweep.items()},
         "sampling": settings,

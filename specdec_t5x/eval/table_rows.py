@@ -49,7 +49,8 @@ def degenerate(m: dict[str, Any]) -> list[str]:
     from specdec_t5x.eval import costs as costs_lib
 
     step_costs = m.get("step_costs") or {}
-    gamma = m["gamma"] if isinstance(m.get("gamma"), int) else max(map(int, m["gamma_sweep"]))
+    gamma = m["gamma"] if isinstance(m.get("gamma"), int) else step_costs.get("gamma")
+    gamma = gamma or max(map(int, m["gamma_sweep"]))  # records before 'gamma' was kept
     measured = {"c": m.get("c_measured"), "verify_cost_ratio": m.get("verify_cost_ratio")}
     return costs_lib.degenerate({**step_costs, **measured}, gamma)
 

@@ -172,13 +172,17 @@ def speedup_plot(path, m, gammas) -> None:
     ax = fig.add_subplot(1, 2, 1)
     hist_row = m
     if "accept_histogram" not in m:  # an auto headline: its largest fixed γ's histogram
-        fixed = [g for g in m["gamma_sweep"] if str(g).isdigit()]
-        hist_row = {"gamma": max(fixed, key=int), **m["gamma_sweep"][max(fixed, key=int)]}
-    hist = hist_row["accept_histogram"]
-    ax.bar(range(len(hist)), hist)
-    ax.set_xlabel("drafts accepted per iteration (n_accepted)")
-    ax.set_ylabel("iterations")
-    ax.set_title(f"γ={hist_row['gamma']}, α={hist_row['alpha_beta']:.2f}")
+        fixed = [g for g in m.get("gamma_sweep") or {} if str(g).isdigit()]
+        top = max(fixed, key=int, default=None)  # None: auto alone, no fixed γ
+        hist_row = None if top is None else {"gamma": top, **m["gamma_sweep"][top]}
+    if hist_row is not None:
+        hist = hist_row["accept_histogram"]
+        ax.bar(range(len(hist)), hist)
+        ax.set_xlabel("drafts accepted per iteration (n_accepted)")
+        ax.set_ylabel("iterations")
+        ax.set_title(f"γ={hist_row['gamma']}, α={hist_row['alpha_beta']:.2f}")
+    else:
+        ax.set_title("auto alone: no fixed γ to show")
     ax = fig.add_subplot(1, 2, 2)
     styles = {"Thm 3.8": "-", "measured": "o", "auto (measured)": "*", "auto (Thm 3.8)": "x"}
     for label, (x, y) in plot_series(m, gammas).items():
