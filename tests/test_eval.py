@@ -209,6 +209,29 @@ def test_eval_auto_as_the_headline_gamma_end_to_end(tiny_pair, data_dir, tmp_pat
     assert len((out / "predictions.jsonl").read_text().splitlines()) == 2
 
 
+def test_eval_auto_alone_beside_the_baseline_end_to_end(tiny_pair, data_dir, tmp_path):
+    """GAMMA='auto' with GAMMAS=[]: no fixed-γ row runs, auto's row is the headline, c and
+    verify/step are priced at AUTO_GAMMA_MAX, and every output is written."""
+    out = tmp_path / "out"
+    metrics = _evaluate_tiny(
+        tiny_pair,
+        out,
+        gamma="auto",
+        gammas=[],
+        temperature=0.0,
+        num_examples=2,
+        cost_repeats=2,
+        auto_gamma_max=2,
+        loop_costs=False,
+    )
+    assert metrics["gamma"] == "auto" and not metrics.get("gamma_sweep")
+    assert metrics["speedup"] == metrics["auto"]["speedup"] and metrics["identical_fraction"] == 1
+    assert "best_fixed_gamma" not in metrics["auto"] and metrics["step_costs"]["gamma"] == 2
+    assert metrics["quality"]["speculative"] is not None
+    assert "| auto (" in (out / "table_row.md").read_text() and (out / "speedup.png").exists()
+    assert len((out / "predictions.jsonl").read_text().splitlines()) == 2
+
+
 def test_auto_in_the_sweep_with_a_fixed_headline_and_a_sweep_of_fixed_gammas(
     tiny_pair, data_dir, tmp_path
 ):
