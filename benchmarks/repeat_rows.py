@@ -26,37 +26,19 @@ OPTIMAL = {
     8: "((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0))",
     9: "((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0))",
 }
+# auto_check's rows: auto alone, auto with its sweep of fixed γ 1..6, the fixed sweep, γ = 2 alone.
+AUTO_CHECK = {
+    "auto": ["--gin.GAMMA='auto'", "--gin.GAMMAS=[]"],
+    "auto_sweep": ["--gin.GAMMA='auto'", "--gin.GAMMAS=None"],
+    "fixed": ["--gin.GAMMA=2", "--gin.GAMMAS=[1, 3, 5]"],
+    "best_fixed": ["--gin.GAMMA=2", "--gin.GAMMAS=None"],
+}
 ROW_SETS = {
     "demo": {"embedded_t0": [T0], "embedded_t1": [T1]},
     "auto_check": {  # auto γ beside the baseline, and fixed γ, each set in runs of its own
-        **{
-            f"auto_embedded_t{t}": [T0 if t == 0 else T1, "--gin.GAMMA='auto'", "--gin.GAMMAS=[]"]
-            for t in (0, 1)
-        },
-        **{
-            f"auto_sweep_embedded_t{t}": [
-                T0 if t == 0 else T1,
-                "--gin.GAMMA='auto'",
-                "--gin.GAMMAS=None",
-            ]
-            for t in (0, 1)
-        },
-        **{
-            f"fixed_embedded_t{t}": [
-                T0 if t == 0 else T1,
-                "--gin.GAMMA=2",
-                "--gin.GAMMAS=[1, 3, 5]",
-            ]
-            for t in (0, 1)
-        },
-        **{
-            f"best_fixed_embedded_t{t}": [
-                T0 if t == 0 else T1,
-                "--gin.GAMMA=2",
-                "--gin.GAMMAS=None",
-            ]
-            for t in (0, 1)
-        },
+        f"{name}_embedded_t{t}": [T0 if t == 0 else T1, *flags]
+        for name, flags in AUTO_CHECK.items()
+        for t in (0, 1)
     },
     "paper_regime": {  # the shipped En→De pair with the target widened at load (TARGET_SHAPE)
         f"ende_{shape}_t{t}": [T0 if t == 0 else T1, f"--gin.TARGET_SHAPE='{shape}'"]
