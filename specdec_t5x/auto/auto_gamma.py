@@ -58,7 +58,8 @@ class AutoGammaDecoder:
         (`speculative.speculative_sample`); prior_alpha: α before the first call (None: probe
         with γ = 1); cost_repeats: the cost curve's timing rounds.
       calibration_rounds: rounds of real calls of every plan on the first batch calibrating the
-        curve (`cost_curve.calibrated`; 0: none); curve: a `CostCurve` to use as given.
+        curve (`cost_curve.calibrated`); 0 (default): none, the run's own timed calls correct
+        the curve (experiments/auto_calibration); curve: a `CostCurve` to use as given.
       config: `gamma_controller.GammaConfig` (None: defaults); baseline_sampler: γ = 0's draw.
       clock: wall-clock seconds (None: `time.perf_counter`; tests inject one).
       gate: `speculation_gate.GateConfig` (True: `DEFAULT_GATE`; None or False: no gate).
@@ -78,7 +79,7 @@ class AutoGammaDecoder:
     def __init__(self, spec_model, target_params, draft_params=None, *,
                  settings: Mapping[str, Any], gamma_max: int = 8, verification: str = "token",
                  draft_confidence_threshold: float = 0.0, prior_alpha: float | None = None,
-                 cost_repeats: int = 20, calibration_rounds: int = 4,
+                 cost_repeats: int = 20, calibration_rounds: int = 0,
                  curve: cost_curve.CostCurve | None = None,
                  config: gamma_controller.GammaConfig | None = None,
                  baseline_sampler: str = "t5x", clock: Callable[[], float] | None = None,
