@@ -8,6 +8,7 @@ recorded (`python scripts/render_tables.py` re-renders it).
 """
 
 import json
+import os
 import pathlib
 import random
 import subprocess
@@ -126,6 +127,18 @@ ROW_SETS = {
         for t in (0, 1)
     },
 }
+# The README's rows on the AVX2 + FMA path (forced with SPECDEC_CPU_ISA, `cpu_kernel.force_isa`'s
+# switch for a whole process) beside the detected path, interleaved in the same rounds.
+_ISA_ROWS = {
+    **ROW_SETS["demo"],
+    "ende_base_t0": ROW_SETS["paper_regime"]["ende_base_t0"],
+    "correct_base_aligned_copy_t0": ROW_SETS["correction"]["correct_base_aligned_copy_t0"],
+}
+ROW_SETS["isa_paths"] = {
+    **{f"{name}_avx2": flags for name, flags in _ISA_ROWS.items()},
+    **{name: _ISA_ROWS[name] for name in ("embedded_t0", "ende_base_t0")},
+}
+ROW_ENV = {f"{name}_avx2": {"SPECDEC_CPU_ISA": "avx2+fma"} for name in _ISA_ROWS}  # per row
 # Rows whose table lists every chain γ of their runs (not only the headline γ).
 SWEPT_ROWS = {"fixed_embedded_t0", "fixed_embedded_t1"}
 TARGETS = {"embedded": "embedded (13.6M)", "small": "T5 1.1 small shape", "base": "T5 1.1 base shape",
@@ -189,7 +202,8 @@ def run(
             print(f"round {r + 1}/{repeats}: {name}", flush=True)
             spinners = busy_loops(busy, busy_cap_s)
             try:
-                subprocess.run(cmd, cwd=ROOT, check=True)
+                env = {**os.environ, **ROW_ENV.get(name, {})}
+                subprocess.run(cmd, cwd=ROOT, check=True, env=env)
             finally:
                 for p in spinners:
                     p.kill()

@@ -172,18 +172,12 @@ def evaluate(
             interrupts.check()
             with phase("costs: c and verify/step", phases, "costs"):
                 step_costs = lineup.measure_costs(
-                    spec_model,
-                    target_params,
-                    draft_params,
-                    batches,
-                    data.target_len,
-                    costs_gamma,
-                    settings,
-                    measure.loop_costs and measure.diagnostics,
-                    measure.cost_repeats,
-                    baseline_sampler=baseline_sampler,
+                    spec_model, target_params, draft_params, batches,
+                    target_len=data.target_len, gamma=costs_gamma, settings=settings,
+                    in_loop=measure.loop_costs and measure.diagnostics,
+                    repeats=measure.cost_repeats, baseline_sampler=baseline_sampler,
                     budget_s=measure.cost_seconds or None,
-                )
+                )  # fmt: skip
             step_costs["gamma"] = costs_gamma  # the γ its c and verify/step are at
             interrupts.check()
             load_samples.append(os.getloadavg()[0])
@@ -198,17 +192,10 @@ def evaluate(
             rows_per_call = [n for n, _ in batches]
             with phase("report: summary", phases, "report_summary"):
                 flat = summary.summarise(
-                    runs,
-                    gammas,
-                    placeholder,
-                    step_costs,
-                    examples,
-                    seqio_task,
-                    vocabulary,
-                    eos_id,
-                    settings,
-                    rows_per_call=rows_per_call,
-                )
+                    runs, gammas, gamma=placeholder, costs=step_costs, examples=examples,
+                    seqio_task=seqio_task, vocabulary=vocabulary, eos_id=eos_id,
+                    settings=settings, rows_per_call=rows_per_call,
+                )  # fmt: skip
                 if speculation.trees:
                     flat["tree_sweep"] = summary.tree_rows(runs, speculation.tree_rows, placeholder)
                 context = ReportContext(
