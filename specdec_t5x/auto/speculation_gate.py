@@ -8,14 +8,20 @@ experiments/auto_gamma_short_runs). `SpeculationGate` compares measured wall tim
   controller's plan (the interval doubles after each failed verdict, up to `max_backoff` times);
   after `evidence_calls` explored calls, on if their speed-up exceeds `margin`;
 * on: the plan runs; off as soon as the last `window` speculative calls' speed-up is below 1
-  against a baseline timed during the window (if none was, it re-times the baseline first); the
-  baseline is re-timed every `refresh_every` calls.
+  against `judge_calls` baseline calls timed since the window began (their median; where fewer
+  were, it re-times the baseline first); the baseline is re-timed every `refresh_every` calls.
 
 A set of speculative calls' speed-up is ρ · Σ baseline_ms(L_i) / Σ wall_i (L_i their longest
 rows' tokens, baseline_ms the curve's baseline call, ρ the median measured / modelled of the last
 `baseline_calls` baseline calls). Bound: once every speculative call loses, the gate is off
-within N = W + 1 + ⌈W / (R − 1)⌉ calls (W = `window`, R = `refresh_every`; 6 with the defaults,
-at most 4 of them speculative: `GateConfig.bound_calls`).
+within N = W + J + ⌈W / (R − 1)⌉ calls (W = `window`, J = `judge_calls`, R = `refresh_every`;
+12 with the defaults, at most 8 of them speculative: `GateConfig.bound_calls`).
+
+Why a window of 8 judged against 3 fresh baseline calls: single calls scatter (on the shipped pair,
+one call's speed-up against the run's baseline ran 0.75-1.46 between its 10th and 90th percentile,
+quiet), and with a window of 4 judged against one fresh call a pair paying 1.15X was switched
+off at about every second re-timing, which held auto γ to 0.90x the best fixed γ
+(results/auto_check/); the longer window and fresh median make such false verdicts rare.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ class GateConfig:
 
     Attributes:
       explore_every (>= 2), evidence_calls (>= 1), margin (> 0), window (W, >= 1),
-      baseline_calls (B, >= 1), refresh_every (R, >= 2), max_backoff (>= 1).
+      baseline_calls (B, >= 1), refresh_every (R, >= 2), max_backoff (>= 1), judge_calls (J,
+      >= 1: fresh baseline calls a full window is judged against).
 
     Raises:
       ValueError: a knob out of its range.
@@ -44,19 +51,20 @@ class GateConfig:
     explore_every: int = knob(4, 2, integer=True)
     evidence_calls: int = knob(2, 1, integer=True)
     margin: float = knob(1.02, strict=True)
-    window: int = knob(4, 1, integer=True)
-    baseline_calls: int = knob(3, 1, integer=True)
+    window: int = knob(8, 1, integer=True)
+    baseline_calls: int = knob(5, 1, integer=True)
     refresh_every: int = knob(16, 2, integer=True)
     max_backoff: int = knob(8, 1, integer=True)
+    judge_calls: int = knob(3, 1, integer=True)
 
     def __post_init__(self):
         check_knobs(self)
 
     @property
     def bound_calls(self) -> int:
-        """N in calls: W speculative calls, the re-timing that judges them and the periodic
+        """N in calls: W speculative calls, the J re-timings that judge them and the periodic
         re-timings among them."""
-        return self.window + 1 + math.ceil(self.window / (self.refresh_every - 1))
+        return self.window + self.judge_calls + math.ceil(self.window / (self.refresh_every - 1))
 
 
 def _speculative(plan) -> bool:
@@ -84,7 +92,7 @@ class SpeculationGate:
         self.ratios: collections.deque = collections.deque(maxlen=self.config.baseline_calls)
         # Baseline calls' (call number, measured / modelled), enough to cover a window.
         self.baseline_log: collections.deque = collections.deque(
-            maxlen=self.config.window + self.config.baseline_calls
+            maxlen=self.config.window + self.config.baseline_calls + self.config.judge_calls
         )
         # Speculative calls: (modelled baseline ms, wall ms, call number).
         self.evidence: list[tuple[float, float, int]] = []  # explored calls while off
@@ -140,9 +148,10 @@ class SpeculationGate:
             if model > 0 and wall > 0:
                 self.ratios.append(wall / model)
                 self.baseline_log.append((self.calls, wall / model))
-                if self.pending:  # judge the window against this fresh call alone
+                if self.pending:  # judge the window against the fresh calls (or ask another)
                     self._judge()
-            self.pending = False
+            else:
+                self.pending = False
             self.since_baseline = 0
             self.since_explore += 1
         else:
@@ -174,9 +183,10 @@ class SpeculationGate:
 
     def _judge(self) -> None:
         """Off if the full window's speed-up is below 1 against the baseline calls timed since
-        its first call (their median ratio); none: the next call re-times the baseline."""
+        its first call (their median ratio); fewer than `judge_calls`: the next call re-times the
+        baseline if the window loses against the reference."""
         during = [r for i, r in self.baseline_log if i > self.window[0][2]]
-        if not during:
+        if len(during) < self.config.judge_calls:
             measured = self.speedup(list(self.window))
             self.pending = measured is not None and measured < 1.0
             return
