@@ -80,7 +80,9 @@ def repeated_table(*roots: pathlib.Path, headline: bool = False) -> str:
             if runs:
                 records = [_load(f) for f in runs]
                 path = tables.kernel_path(summary.flat(records[0]))  # median_row checks all agree
-                label = f"{repeat_rows.target_label(row.name)}; {path} path"
+                label = repeat_rows.target_label(row.name)
+                if path != "unrecorded":  # runs before the path was recorded: no suffix
+                    label += f"; {path} path"
                 swept = row.name in repeat_rows.SWEPT_ROWS  # every chain of its runs a row
                 if swept or any(summary.flat(m).get("tree_sweep") for m in records):
                     sweeps += tables.sweep_median_rows(records, label)
